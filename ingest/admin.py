@@ -1,0 +1,43 @@
+from django.contrib import admin
+
+from ingest.models import ApiKey, Backend, ModelPrice, Run, Tenant
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "tenant", "name", "scopes", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["tenant"]
+    readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
+    fields = ["tenant", "name", "scopes", "prefix", "key_hash", "created_at", "last_used_at", "revoked_at"]
+
+    def has_add_permission(self, request) -> bool:
+        # A key is shown once when made: `manage.py create_api_key`, not a form that cannot show it.
+        return False
+
+
+class ModelPriceInline(admin.TabularInline):
+    model = ModelPrice
+    extra = 1
+
+
+@admin.register(Backend)
+class BackendAdmin(admin.ModelAdmin):
+    list_display = ["name", "markup"]
+    inlines = [ModelPriceInline]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["run_id", "tenant", "agent", "backend", "model", "task_type", "status", "rounds", "cost_usd"]
+    list_filter = ["tenant", "backend", "status", "task_type"]
+    search_fields = ["run_id"]
+    readonly_fields = [f.name for f in Run._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False

@@ -1,0 +1,70 @@
+"""Every API error has one shape: {"error": code, "detail": message[, "field": path]}."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class ApiError(exceptions.APIException):
+    """A 4xx with a code, a message and optionally the field it is about."""
+
+    def __init__(self, status_code: int, code: str, detail: str, field: str | None = None) -> None:
+        super().__init__(detail=detail, code=code)
+        self.status_code = status_code
+        self.error_code = code
+        self.field = field
+
+
+def _flatten(detail, prefix: str = "") -> tuple[str | None, str]:
+    """First (field, message) of a DRF ValidationError detail."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else ""
+            field, message = _flatten(value, f"{prefix}.{name}" if prefix and name else (name or prefix))
+            return field, message
+    if isinstance(detail, list) and detail:
+        return _flatten(detail[0], prefix)
+    return (prefix or None), str(detail)
+
+
+def exception_handler(exc, context):
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, ApiError):
+        body = {"error": exc.error_code, "detail": str(exc.detail)}
+        if exc.field:
+            body["field"] = exc.field
+    elif isinstance(exc, exceptions.ValidationError):
+        field, message = _flatten(exc.detail)
+        body = {"error": "invalid", "detail": f"{field}: {message}" if field else message}
+        if field:
+            body["field"] = field
+    else:
+        code = getattr(exc, "default_code", "error")
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        body = {"error": code, "detail": str(detail)}
+    response.data = body
+    return response
+
+
+def json_error(status_code: int, code: str, detail: str) -> JsonResponse:
+    return JsonResponse({"error": code, "detail": detail}, status=status_code)
+
+
+def not_found(request, exception=None):
+    return json_error(status.HTTP_404_NOT_FOUND, "not_found", f"{request.path}: no such resource")
+
+
+def server_error(request):
+    return json_error(status.HTTP_500_INTERNAL_SERVER_ERROR, "server_error", "internal error; it was logged")
+
+
+def bad_request(request, exception=None):
+    return json_error(status.HTTP_400_BAD_REQUEST, "bad_request", str(exception) or "bad request")
+
+
+__all__ = ["ApiError", "Response", "bad_request", "exception_handler", "not_found", "server_error"]

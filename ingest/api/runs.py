@@ -1,0 +1,102 @@
+"""Read API for runs and their events (read scope); everything scoped to the key's tenant."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ingest.api.errors import ApiError
+from ingest.auth import HasReadScope
+from ingest.selectors import run_events, run_get, run_list
+
+MAX_PAGE = 1000  # a page of events stays well under a few MB
+
+
+def _int_param(request, name: str, default: int, *, minimum: int, maximum: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not (minimum <= int(raw) <= maximum):
+        raise ApiError(400, "invalid_parameter", f"{name}: must be an integer from {minimum} to {maximum}", name)
+    return int(raw)
+
+
+class RunOutputSerializer(serializers.Serializer):
+    run_id = serializers.CharField()
+    agent = serializers.CharField()
+    task_type = serializers.CharField()
+    backend = serializers.CharField()
+    model = serializers.CharField()
+    status = serializers.CharField()
+    terminated_by = serializers.CharField()
+    budget_type = serializers.CharField()
+    reason = serializers.CharField()
+    budgets = serializers.JSONField()
+    labels = serializers.JSONField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    last_event_at = serializers.DateTimeField(allow_null=True)
+    rounds = serializers.IntegerField()
+    tool_calls = serializers.IntegerField()
+    tool_errors = serializers.IntegerField()
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    cost_usd = serializers.FloatField()
+    events_count = serializers.IntegerField()
+    processed = serializers.SerializerMethodField()
+
+    def get_processed(self, run) -> int:
+        cursor = getattr(run, "cursor", None)
+        return cursor.position if cursor else 0
+
+
+class RunListApi(APIView):
+    permission_classes = [HasReadScope]
+
+    @extend_schema(
+        operation_id="runs_list",
+        parameters=[
+            OpenApiParameter(name, str, required=False) for name in ("status", "backend", "task_type", "agent")
+        ]
+        + [OpenApiParameter("limit", int, required=False)],
+        responses=RunOutputSerializer(many=True),
+    )
+    def get(self, request):
+        limit = _int_param(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
+        runs = run_list(tenant=request.user.tenant, filters=request.query_params.dict(), limit=limit)
+        return Response(RunOutputSerializer(runs.select_related("cursor"), many=True).data)
+
+
+class RunDetailApi(APIView):
+    permission_classes = [HasReadScope]
+
+    @extend_schema(operation_id="runs_retrieve", responses=RunOutputSerializer)
+    def get(self, request, run_id: str):
+        run = run_get(tenant=request.user.tenant, run_id=run_id)
+        if run is None:
+            raise ApiError(404, "not_found", f"run_id: no run {run_id!r} for this API key's tenant", "run_id")
+        return Response(RunOutputSerializer(run).data)
+
+
+class EventOutputSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    event = serializers.JSONField(source="body")
+
+
+class RunEventsApi(APIView):
+    permission_classes = [HasReadScope]
+
+    @extend_schema(
+        operation_id="runs_events",
+        parameters=[OpenApiParameter("after", int, required=False), OpenApiParameter("limit", int, required=False)],
+        responses=EventOutputSerializer(many=True),
+    )
+    def get(self, request, run_id: str):
+        run = run_get(tenant=request.user.tenant, run_id=run_id)
+        if run is None:
+            raise ApiError(404, "not_found", f"run_id: no run {run_id!r} for this API key's tenant", "run_id")
+        after = _int_param(request, "after", 0, minimum=0, maximum=2**31 - 1)
+        limit = _int_param(request, "limit", MAX_PAGE, minimum=1, maximum=MAX_PAGE)
+        return Response(EventOutputSerializer(run_events(run=run, after_seq=after, limit=limit), many=True).data)

@@ -1,0 +1,78 @@
+"""Bearer API keys for DRF views and WebSocket consumers."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions, permissions
+
+from ingest.models import ApiKey
+from ingest.services import api_key_hash
+
+# last_used_at is written at most this often per key, not on every request.
+LAST_USED_RESOLUTION_S = 60
+
+def api_key_lookup(raw: str) -> ApiKey | None:
+    """The active key for a raw bearer token, or None."""
+    if not raw or len(raw) > 200:
+        return None
+    key = ApiKey.objects.select_related("tenant").filter(key_hash=api_key_hash(raw)).first()
+    if key is None or key.revoked_at is not None:
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or (now - key.last_used_at).total_seconds() > LAST_USED_RESOLUTION_S:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return key
+
+def bearer_token(header: str) -> str | None:
+    parts = header.split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    return parts[1]
+
+class ApiClient:
+    """request.user for API calls: the key's tenant speaking through the key."""
+
+    is_authenticated = True
+    is_anonymous = False
+
+    def __init__(self, key: ApiKey) -> None:
+        self.key = key
+        self.tenant = key.tenant
+
+    def __str__(self) -> str:
+        return f"api-key:{self.key.prefix}"
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Bearer <key>`; request.auth is the ApiKey, request.user an ApiClient."""
+
+    def authenticate(self, request):
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        raw = bearer_token(header)
+        if raw is None:
+            raise exceptions.AuthenticationFailed("Authorization: expected 'Bearer <api key>'")
+        key = api_key_lookup(raw)
+        if key is None:
+            raise exceptions.AuthenticationFailed("Authorization: unknown or revoked API key")
+        return (ApiClient(key), key)
+
+    def authenticate_header(self, request) -> str:
+        return 'Bearer realm="loopwatch"'
+
+def scope_permission(scope: str) -> type[permissions.BasePermission]:
+    class HasScope(permissions.BasePermission):
+        message = f"Authorization: this API key lacks the {scope!r} scope"
+
+        def has_permission(self, request, view) -> bool:
+            if not isinstance(request.auth, ApiKey):
+                raise exceptions.NotAuthenticated("Authorization: send 'Authorization: Bearer <api key>'")
+            return scope in request.auth.scopes
+
+    HasScope.__name__ = f"Has{scope.title()}Scope"
+    return HasScope
+
+HasIngestScope = scope_permission(ApiKey.Scope.INGEST)
+HasReadScope = scope_permission(ApiKey.Scope.READ)
+HasLedgerScope = scope_permission(ApiKey.Scope.LEDGER)

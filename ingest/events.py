@@ -1,0 +1,9 @@
+"""Names shared between ingest and whoever listens: Channels groups, task names."""
+
+from __future__ import annotations
+
+TASK_DETECT_RUN = "ingest.detect_run"
+
+
+def alerts_group(tenant_id: int) -> str:
+    return f"alerts.tenant.{tenant_id}"

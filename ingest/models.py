@@ -1,0 +1,214 @@
+"""Storage of tenants, keys, runs and their events.
+
+The hot path writes only `Event` rows (by COPY on PostgreSQL) and the figures of
+the runs a batch touched; model rounds and tool calls are built from the events
+by the per-run detection task, which sees a run's events once and in order.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class Tenant(models.Model):
+    """Who owns runs: the unit of access control."""
+
+    slug = models.SlugField(max_length=100, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class ApiKey(models.Model):
+    """A bearer key of one tenant. Only the sha256 of the key is stored."""
+
+    class Scope(models.TextChoices):
+        INGEST = "ingest"
+        READ = "read"
+        LEDGER = "ledger"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200, blank=True)
+    prefix = models.CharField(max_length=16, help_text="The key's first characters, to tell keys apart.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}:{self.prefix}…"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Backend(models.Model):
+    """A model provider or route; its markup multiplies the list prices (an aggregator: 1.3)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    markup = models.DecimalField(max_digits=6, decimal_places=3, default=1)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelPrice(models.Model):
+    """List price per million tokens for (backend, model); a blank model is the backend's default."""
+
+    backend = models.ForeignKey(Backend, on_delete=models.CASCADE, related_name="prices")
+    model = models.CharField(max_length=200, blank=True)
+    input_usd_per_mtok = models.DecimalField(max_digits=12, decimal_places=6)
+    output_usd_per_mtok = models.DecimalField(max_digits=12, decimal_places=6)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["backend", "model"], name="price_backend_model_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.backend.name}/{self.model or '*'}"
+
+
+class Run(models.Model):
+    """One agent task execution; its figures are kept current as events arrive."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        TRUNCATED = "truncated"
+        ABANDONED = "abandoned"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    run_id = models.CharField(max_length=200)
+    agent = models.CharField(max_length=200, blank=True, default="")
+    task_type = models.CharField(max_length=100, default="default")
+    backend = models.CharField(max_length=100, default="unknown")
+    model = models.CharField(max_length=200, blank=True, default="")
+    budgets = models.JSONField(default=dict, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    terminated_by = models.CharField(max_length=16, blank=True, default="")
+    budget_type = models.CharField(max_length=100, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_event_at = models.DateTimeField(null=True, blank=True)
+    rounds = models.PositiveIntegerField(default=0)
+    tool_calls = models.PositiveIntegerField(default=0)
+    tool_errors = models.PositiveIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.FloatField(default=0)
+    events_count = models.PositiveIntegerField(default=0, help_text="Stored events; also the last seq.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "run_id"], name="run_tenant_run_id_uniq")]
+        indexes = [
+            models.Index(fields=["tenant", "-started_at"], name="run_tenant_started"),
+            models.Index(fields=["tenant", "backend", "-started_at"], name="run_tenant_backend"),
+            models.Index(fields=["tenant", "task_type", "-started_at"], name="run_tenant_task_type"),
+            models.Index(fields=["tenant", "status", "-started_at"], name="run_tenant_status"),
+        ]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+
+class Event(models.Model):
+    """Every raw event as received, numbered per run (seq) in the order it was stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False, related_name="events")
+    seq = models.PositiveIntegerField()
+    event_id = models.CharField(max_length=200, null=True, blank=True)
+    type = models.CharField(max_length=16)
+    ts = models.DateTimeField()
+    body = models.JSONField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="event_run_seq_uniq"),
+            models.UniqueConstraint(
+                fields=["run", "event_id"], condition=Q(event_id__isnull=False), name="event_run_event_id_uniq"
+            ),
+        ]
+
+
+class RunCursor(models.Model):
+    """How far the detection task has processed a run: events with seq <= position are done.
+
+    A row of its own, so that the task's lock never blocks ingest's updates of the run.
+    """
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="cursor")
+    position = models.PositiveIntegerField(default=0)
+    processed = models.PositiveIntegerField(default=0, help_text="Events processed, all passes together.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class ModelRound(models.Model):
+    """One model response of a run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_rounds")
+    seq = models.PositiveIntegerField()
+    round = models.PositiveIntegerField()
+    ts = models.DateTimeField()
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.FloatField(default=0)
+    cost_computed = models.BooleanField(default=False, help_text="From the price table, not the event.")
+    text = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="round_run_seq_uniq")]
+
+
+class ToolCall(models.Model):
+    """A tool call joined with its result (by call_id: the most recent unanswered call)."""
+
+    class Kind(models.TextChoices):
+        READ = "read"
+        WRITE = "write"
+        POLL = "poll"
+        OTHER = "other"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls")
+    seq = models.PositiveIntegerField()
+    round = models.PositiveIntegerField()
+    call_id = models.CharField(max_length=200)
+    tool = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.OTHER)
+    args = models.JSONField(default=dict)
+    step_id = models.CharField(max_length=200, blank=True, default="")
+    operation_key = models.CharField(max_length=500, blank=True, default="")
+    ts = models.DateTimeField()
+    result_seq = models.PositiveIntegerField(null=True, blank=True)
+    result_status = models.CharField(max_length=8, blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    result_truncated = models.BooleanField(default=False)
+    result_sha256 = models.CharField(max_length=64, blank=True, default="")
+    error_class = models.CharField(max_length=32, blank=True, default="")
+    latency_ms = models.FloatField(null=True, blank=True)
+    external_request_id = models.CharField(max_length=500, blank=True, default="")
+    result_ts = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="call_run_seq_uniq")]
+        indexes = [models.Index(fields=["run", "call_id"], name="call_run_call_id")]
+
+
+class PendingResult(models.Model):
+    """A tool_result that arrived before its tool_call; joined when the call comes."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="pending_results")
+    seq = models.PositiveIntegerField()
+    call_id = models.CharField(max_length=200)
+    body = models.JSONField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "call_id", "seq"], name="pending_run_call")]

@@ -1,0 +1,258 @@
+"""Validation of trace events v1 (../shared/spec/trace-events.md).
+
+Hand-written rather than a JSON Schema engine: it is on the hot path (a few
+microseconds an event) and its messages name the field path and the reason the
+way a client needs them: `[3].args: must be an object`. A test checks it
+against trace-events.schema.json on generated events.
+
+Two deliberate strictnesses beyond the JSON Schema, both to keep a stored event
+storable: integers are at most 2**31-1 (the database column), and no string
+may hold U+0000 (PostgreSQL's jsonb cannot store it).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+EVENT_TYPES = ("run_started", "user_message", "model_round", "tool_call", "tool_result", "run_finished")
+TOOL_KINDS = ("read", "write", "poll", "other")
+RESULT_STATUSES = ("ok", "error", "timeout")
+ERROR_CLASSES = (
+    "transient",
+    "rate_limited",
+    "invalid_argument",
+    "permission",
+    "not_found",
+    "parse_error",
+    "empty_result",
+    "other",
+)
+RUN_STATUSES = ("succeeded", "failed", "truncated", "abandoned")
+TERMINATED_BY = ("budget", "loop", "user", "error")
+BUDGET_KEYS = ("max_rounds", "max_tool_calls", "max_same_tool_retries", "max_tokens", "max_cost_usd", "max_wall_s")
+MAX_INT = 2**31 - 1  # the database's integer column
+
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+Errors = list[tuple[str, str]]
+
+
+class EventError(Exception):
+    """One field of one event is wrong."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def parse_ts(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp (with its offset) as an aware datetime, or None."""
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _string(ev: dict, key: str, *, required: bool = False, min_len: int = 0, max_len: int | None = None) -> None:
+    if key not in ev:
+        if required:
+            raise EventError(key, "is required")
+        return
+    value = ev[key]
+    if not isinstance(value, str):
+        raise EventError(key, f"must be a string, not {_type_name(value)}")
+    if len(value) < min_len:
+        raise EventError(key, "must not be empty" if min_len == 1 else f"must be at least {min_len} characters")
+    if max_len is not None and len(value) > max_len:
+        raise EventError(key, f"must be at most {max_len} characters (got {len(value)})")
+
+
+def _integer(ev: dict, key: str, *, required: bool = False, minimum: int = 0, path: str | None = None) -> None:
+    if key not in ev:
+        if required:
+            raise EventError(path or key, "is required")
+        return
+    value = ev[key]
+    # JSON Schema counts 3.0 as an integer; store it as 3.
+    if isinstance(value, float) and value.is_integer():
+        value = ev[key] = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EventError(path or key, f"must be an integer, not {_type_name(value)}")
+    if value < minimum:
+        raise EventError(path or key, f"must be at least {minimum} (got {value})")
+    if value > MAX_INT:
+        raise EventError(path or key, f"must be at most {MAX_INT} (got {value})")
+
+
+def _number(ev: dict, key: str, *, minimum: float = 0, exclusive: bool = False, path: str | None = None) -> None:
+    if key not in ev:
+        return
+    value = ev[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EventError(path or key, f"must be a number, not {_type_name(value)}")
+    if exclusive and value <= minimum:
+        raise EventError(path or key, f"must be greater than {minimum} (got {value})")
+    if not exclusive and value < minimum:
+        raise EventError(path or key, f"must be at least {minimum} (got {value})")
+
+
+def _enum(ev: dict, key: str, choices: tuple[str, ...], *, required: bool = False) -> None:
+    if key not in ev:
+        if required:
+            raise EventError(key, "is required")
+        return
+    value = ev[key]
+    if value not in choices or not isinstance(value, str):
+        raise EventError(key, f"must be one of {', '.join(choices)} (got {_short(value)})")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_run_started(ev: dict) -> None:
+    _string(ev, "tenant", min_len=1, max_len=100)
+    _string(ev, "agent", max_len=200)
+    _string(ev, "task_type", min_len=1, max_len=100)
+    _string(ev, "backend", min_len=1, max_len=100)
+    _string(ev, "model", max_len=200)
+    if "budgets" in ev:
+        budgets = ev["budgets"]
+        if not isinstance(budgets, dict):
+            raise EventError("budgets", f"must be an object, not {_type_name(budgets)}")
+        for key in budgets:
+            if key not in BUDGET_KEYS:
+                raise EventError(f"budgets.{key}", f"is not a budget (known: {', '.join(BUDGET_KEYS)})")
+        for key in ("max_rounds", "max_tool_calls", "max_tokens"):
+            _integer(budgets, key, minimum=1, path=f"budgets.{key}")
+        _integer(budgets, "max_same_tool_retries", minimum=0, path="budgets.max_same_tool_retries")
+        for key in ("max_cost_usd", "max_wall_s"):
+            _number(budgets, key, minimum=0, exclusive=True, path=f"budgets.{key}")
+    if "labels" in ev:
+        labels = ev["labels"]
+        if not isinstance(labels, dict):
+            raise EventError("labels", f"must be an object, not {_type_name(labels)}")
+        for key, value in labels.items():
+            if not isinstance(value, str):
+                raise EventError(f"labels.{key}", f"must be a string, not {_type_name(value)}")
+
+
+def _check_user_message(ev: dict) -> None:
+    _string(ev, "text", required=True)
+
+
+def _check_model_round(ev: dict) -> None:
+    _integer(ev, "round", required=True, minimum=1)
+    _integer(ev, "input_tokens", minimum=0)
+    _integer(ev, "output_tokens", minimum=0)
+    _number(ev, "cost_usd", minimum=0)
+    _string(ev, "text")
+
+
+def _check_tool_call(ev: dict) -> None:
+    _integer(ev, "round", required=True, minimum=1)
+    _string(ev, "call_id", required=True, min_len=1, max_len=200)
+    _string(ev, "tool", required=True, min_len=1, max_len=200)
+    _enum(ev, "kind", TOOL_KINDS)
+    if "args" not in ev:
+        raise EventError("args", "is required")
+    if not isinstance(ev["args"], dict):
+        raise EventError("args", f"must be an object, not {_type_name(ev['args'])}")
+    _string(ev, "step_id", min_len=1, max_len=200)
+    _string(ev, "operation_key", min_len=1, max_len=500)
+
+
+def _check_tool_result(ev: dict) -> None:
+    _string(ev, "call_id", required=True, min_len=1, max_len=200)
+    _enum(ev, "status", RESULT_STATUSES, required=True)
+    if "result_truncated" in ev and not isinstance(ev["result_truncated"], bool):
+        raise EventError("result_truncated", f"must be a boolean, not {_type_name(ev['result_truncated'])}")
+    if "result_sha256" in ev:
+        digest = ev["result_sha256"]
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise EventError("result_sha256", "must be 64 lowercase hex characters (a sha256)")
+    _enum(ev, "error_class", ERROR_CLASSES)
+    _number(ev, "latency_ms", minimum=0)
+    _string(ev, "external_request_id", max_len=500)
+
+
+def _check_run_finished(ev: dict) -> None:
+    _enum(ev, "status", RUN_STATUSES, required=True)
+    _enum(ev, "terminated_by", TERMINATED_BY)
+    _string(ev, "budget_type", max_len=100)
+    _string(ev, "reason")
+
+
+_CHECKS = {
+    "run_started": _check_run_started,
+    "user_message": _check_user_message,
+    "model_round": _check_model_round,
+    "tool_call": _check_tool_call,
+    "tool_result": _check_tool_result,
+    "run_finished": _check_run_finished,
+}
+
+
+def validate_event(ev: Any) -> datetime:
+    """Check one event; return its parsed `ts`. Raises EventError on the first wrong field.
+
+    Integral floats in integer fields are rewritten as ints in place.
+    """
+    if not isinstance(ev, dict):
+        raise EventError("", f"must be an object (an event), not {_type_name(ev)}")
+    if "type" not in ev:
+        raise EventError("type", "is required")
+    kind = ev["type"]
+    check = _CHECKS.get(kind) if isinstance(kind, str) else None
+    if check is None:
+        raise EventError("type", f"must be one of {', '.join(EVENT_TYPES)} (got {_short(kind)})")
+    _string(ev, "run_id", required=True, min_len=1, max_len=200)
+    if "ts" not in ev:
+        raise EventError("ts", "is required")
+    ts = parse_ts(ev["ts"])
+    if ts is None:
+        raise EventError("ts", "must be an RFC 3339 timestamp with an offset, like 2026-11-29T10:00:00Z")
+    _string(ev, "event_id", min_len=1, max_len=200)
+    check(ev)
+    return ts
+
+
+def find_nul(value: Any, path: str = "") -> str | None:
+    """The path of the first string (key or value) holding U+0000, or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if "\x00" in key:
+                return sub
+            found = find_nul(item, sub)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = find_nul(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,437 @@
+"""Writes: tenants and keys, event ingestion, and the per-run processing of stored events."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, NotRequired, TypedDict
+
+import orjson
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ingest.models import ApiKey, Event, ModelRound, PendingResult, Run, RunCursor, Tenant, ToolCall
+from ingest.pricing import PriceBook
+from ingest.schema import EventError, find_nul, parse_ts, validate_event
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "lw_"
+
+
+# --- tenants and keys ------------------------------------------------------------------
+
+
+def tenant_get_or_create(*, slug: str, name: str = "") -> Tenant:
+    tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    return tenant
+
+
+def api_key_hash(raw: str) -> str:
+    # Keys are 256-bit random tokens, so a plain sha256 is enough (no password stretching needed).
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def api_key_create(*, tenant: Tenant, scopes: list[str], name: str = "") -> tuple[ApiKey, str]:
+    """Create a key; the raw key is returned once and never stored."""
+    unknown = set(scopes) - set(ApiKey.Scope.values)
+    if unknown or not scopes:
+        raise ValueError(f"scopes must be a non-empty subset of {', '.join(ApiKey.Scope.values)}")
+    raw = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey.objects.create(
+        tenant=tenant, name=name, prefix=raw[:10], key_hash=api_key_hash(raw), scopes=sorted(set(scopes))
+    )
+    return key, raw
+
+
+def api_key_revoke(*, key: ApiKey) -> ApiKey:
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+    return key
+
+
+# --- ingestion ---------------------------------------------------------------------------
+
+
+class Verdict(TypedDict):
+    index: int
+    status: Literal["accepted", "duplicate", "rejected"]
+    field: NotRequired[str]
+    reason: NotRequired[str]
+    error: NotRequired[str]
+
+
+@dataclass
+class IngestResult:
+    verdicts: list[Verdict]
+    runs_touched: list[int] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(1 for v in self.verdicts if v["status"] == status)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.count("accepted"),
+            "duplicate": self.count("duplicate"),
+            "rejected": self.count("rejected"),
+            "results": self.verdicts,
+        }
+
+
+class EventTooLarge(Exception):
+    def __init__(self, index: int, size: int, limit: int) -> None:
+        super().__init__(f"[{index}]: the event is {size} bytes, over the limit of {limit} bytes")
+        self.index = index
+        self.size = size
+        self.limit = limit
+
+
+def _rejected(index: int, field_name: str, reason: str) -> Verdict:
+    path = f"[{index}].{field_name}" if field_name else f"[{index}]"
+    return {"index": index, "status": "rejected", "field": path, "reason": reason, "error": f"{path}: {reason}"}
+
+
+@dataclass
+class _Valid:
+    index: int
+    event: dict[str, Any]
+    ts: datetime
+    body: bytes
+
+
+def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) -> IngestResult:
+    """Validate a batch, store its valid events in one transaction, queue detection per run.
+
+    1. Validate each event; a bad one gets a `rejected` verdict and the others go on.
+    2. In one transaction: create the runs that are new, lock every touched run (in pk order, so
+       concurrent batches cannot deadlock), drop events already stored, number the rest per run
+       (`seq`), store them in one COPY, update the runs' figures.
+    3. After the commit, queue one detection task per run.
+    Raises EventTooLarge before storing anything when one event is over the limit.
+    """
+    verdicts: list[Verdict | None] = [None] * len(events)
+    valid: list[_Valid] = []
+    seen: set[tuple[str, str]] = set()
+    for index, event in enumerate(events):
+        try:
+            ts = validate_event(event)
+        except EventError as exc:
+            verdicts[index] = _rejected(index, exc.field, exc.reason)
+            continue
+        body = orjson.dumps(event)
+        if len(body) > max_event_bytes:
+            raise EventTooLarge(index, len(body), max_event_bytes)
+        if b"\\u0000" in body:
+            nul_path = find_nul(event)
+            if nul_path is not None:
+                verdicts[index] = _rejected(index, nul_path, "must not contain the character U+0000 (NUL)")
+                continue
+        if event["type"] == "run_started" and event.get("tenant", tenant.slug) != tenant.slug:
+            verdicts[index] = _rejected(
+                index, "tenant", f"must be the API key's tenant {tenant.slug!r} or left out"
+            )
+            continue
+        event_id = event.get("event_id")
+        if event_id is not None:
+            pair = (event["run_id"], event_id)
+            if pair in seen:
+                verdicts[index] = {"index": index, "status": "duplicate"}
+                continue
+            seen.add(pair)
+        valid.append(_Valid(index, event, ts, body))
+
+    runs_touched: list[int] = []
+    if valid:
+        with transaction.atomic():
+            runs_touched = _store(tenant, valid, verdicts)
+        transaction.on_commit(lambda: _enqueue_detection(runs_touched), robust=True)
+    return IngestResult(verdicts=[v for v in verdicts if v is not None], runs_touched=runs_touched)
+
+
+def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run]:
+    # Sorted inserts, then locks in pk order: two batches touching the same runs never deadlock.
+    Run.objects.bulk_create([Run(tenant=tenant, run_id=r) for r in sorted(run_ids)], ignore_conflicts=True)
+    runs = {
+        run.run_id: run
+        for run in Run.objects.select_for_update().filter(tenant=tenant, run_id__in=run_ids).order_by("pk")
+    }
+    fresh = [RunCursor(run=run) for run in runs.values() if run.events_count == 0]
+    if fresh:
+        RunCursor.objects.bulk_create(fresh, ignore_conflicts=True)
+    return runs
+
+
+def _store(tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None]) -> list[int]:
+    runs = _runs_lock(tenant, list(dict.fromkeys(v.event["run_id"] for v in valid)))
+    event_ids = {v.event["event_id"] for v in valid if "event_id" in v.event}
+    stored: set[tuple[int, str]] = set()
+    if event_ids:
+        stored = set(
+            Event.objects.filter(run_id__in=[r.pk for r in runs.values()], event_id__in=event_ids).values_list(
+                "run_id", "event_id"
+            )
+        )
+    rows: list[tuple] = []
+    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    changed: dict[int, Run] = {}
+    for item in valid:
+        event = item.event
+        run = runs[event["run_id"]]
+        event_id = event.get("event_id")
+        if event_id is not None and (run.pk, event_id) in stored:
+            verdicts[item.index] = {"index": item.index, "status": "duplicate"}
+            continue
+        run.events_count += 1
+        rows.append((tenant.pk, run.pk, run.events_count, event_id, event["type"], item.ts, item.body))
+        if _run_apply(run, event, item.ts):
+            unpriced[run.pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
+        changed[run.pk] = run
+        verdicts[item.index] = {"index": item.index, "status": "accepted"}
+    if not rows:
+        return []
+    if unpriced:
+        book = PriceBook({(changed[pk].backend, changed[pk].model) for pk in unpriced})
+        for pk, usage in unpriced.items():
+            price = book.price(changed[pk].backend, changed[pk].model)
+            changed[pk].cost_usd += sum(price.cost(i, o) for i, o in usage)
+    _events_insert(rows)
+    Run.objects.bulk_update(list(changed.values()), RUN_FIGURES)
+    return list(changed)
+
+
+RUN_FIGURES = [
+    "agent",
+    "task_type",
+    "backend",
+    "model",
+    "budgets",
+    "labels",
+    "status",
+    "terminated_by",
+    "budget_type",
+    "reason",
+    "started_at",
+    "finished_at",
+    "last_event_at",
+    "rounds",
+    "tool_calls",
+    "tool_errors",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "events_count",
+]
+
+
+def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
+    """Fold one event into the run's figures. True when it is a model round whose cost must be priced."""
+    kind = event["type"]
+    if run.started_at is None or ts < run.started_at:
+        run.started_at = ts
+    if run.last_event_at is None or ts > run.last_event_at:
+        run.last_event_at = ts
+    if kind == "model_round":
+        run.rounds = max(run.rounds, event["round"])
+        run.input_tokens += event.get("input_tokens", 0)
+        run.output_tokens += event.get("output_tokens", 0)
+        if "cost_usd" in event:
+            run.cost_usd += event["cost_usd"]
+            return False
+        return True
+    if kind == "tool_call":
+        run.tool_calls += 1
+    elif kind == "tool_result":
+        if event["status"] != "ok":
+            run.tool_errors += 1
+    elif kind == "run_started":
+        run.agent = event.get("agent", run.agent)
+        run.task_type = event.get("task_type", run.task_type)
+        run.backend = event.get("backend", run.backend)
+        run.model = event.get("model", run.model)
+        run.budgets = event.get("budgets", run.budgets)
+        run.labels = event.get("labels", run.labels)
+    elif kind == "run_finished":
+        run.status = event["status"]
+        run.terminated_by = event.get("terminated_by", "")
+        run.budget_type = event.get("budget_type", "")
+        run.reason = event.get("reason", "")
+        run.finished_at = ts
+    return False
+
+
+EVENT_COPY_SQL = "COPY ingest_event (tenant_id, run_id, seq, event_id, type, ts, body) FROM STDIN"
+
+
+def _events_insert(rows: list[tuple]) -> None:
+    """One COPY on PostgreSQL (the hot path); a bulk insert elsewhere."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor, cursor.copy(EVENT_COPY_SQL) as copy:
+            for tenant_id, run_id, seq, event_id, kind, ts, body in rows:
+                copy.write_row((tenant_id, run_id, seq, event_id, kind, ts, body.decode()))
+        return
+    Event.objects.bulk_create(
+        [
+            Event(tenant_id=t, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
+            for t, r, s, e, k, ts, b in rows
+        ],
+        batch_size=500,
+    )
+
+
+def _enqueue_detection(run_pks: list[int]) -> None:
+    from ingest.tasks import detect_run
+
+    for pk in run_pks:
+        detect_run.delay(pk)
+
+
+# --- per-run processing ---------------------------------------------------------------------
+
+PROCESS_CHUNK = 2000  # events per pass: bounds a task's memory and lock time on a huge backlog
+
+
+def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
+    """Process a run's events after its cursor, once and in order. Returns how many it processed.
+
+    1. Lock the run's cursor row (a second task for the same run waits here, then finds nothing).
+    2. Read the events after the cursor, in seq order, at most `chunk` of them.
+    3. Build model rounds and tool calls, joining each result to the most recent unanswered call
+       with its call_id; a result without a call is kept and joined when the call comes.
+    4. Move the cursor and commit; repeat until the run is caught up.
+    """
+    total = 0
+    while True:
+        with transaction.atomic():
+            cursor = RunCursor.objects.select_for_update().filter(run_id=run_pk).first()
+            if cursor is None:
+                return total
+            events = list(
+                Event.objects.filter(run_id=run_pk, seq__gt=cursor.position)
+                .order_by("seq")
+                .values_list("seq", "type", "ts", "body")[:chunk]
+            )
+            if not events:
+                return total
+            _materialize(run_pk, events)
+            cursor.position = events[-1][0]
+            cursor.processed += len(events)
+            cursor.save(update_fields=["position", "processed", "updated_at"])
+        total += len(events)
+        if len(events) < chunk:
+            return total
+
+
+def _materialize(run_pk: int, events: list[tuple[int, str, datetime, dict]]) -> None:
+    run = Run.objects.only("backend", "model").get(pk=run_pk)
+    result_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_result"}
+    call_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_call"}
+    # Unanswered calls stored earlier, oldest first: a stack per call_id (the newest answers first).
+    open_calls: dict[str, list[ToolCall]] = defaultdict(list)
+    for call in ToolCall.objects.filter(run_id=run_pk, call_id__in=result_ids, result_seq__isnull=True).order_by(
+        "seq"
+    ):
+        open_calls[call.call_id].append(call)
+    # Results that came before their call, oldest first: a queue per call_id.
+    waiting: dict[str, list[PendingResult]] = defaultdict(list)
+    for pending in PendingResult.objects.filter(run_id=run_pk, call_id__in=call_ids).order_by("seq"):
+        waiting[pending.call_id].append(pending)
+
+    new_rounds: list[ModelRound] = []
+    new_calls: list[ToolCall] = []
+    answered: list[ToolCall] = []
+    new_pending: list[PendingResult] = []
+    consumed: list[int] = []
+    book: PriceBook | None = None
+    for seq, kind, ts, body in events:
+        if kind == "model_round":
+            cost = body.get("cost_usd")
+            if cost is None:
+                book = book or PriceBook({(run.backend, run.model)})
+                cost = book.price(run.backend, run.model).cost(
+                    body.get("input_tokens", 0), body.get("output_tokens", 0)
+                )
+            new_rounds.append(
+                ModelRound(
+                    run_id=run_pk,
+                    seq=seq,
+                    round=body["round"],
+                    ts=ts,
+                    input_tokens=body.get("input_tokens", 0),
+                    output_tokens=body.get("output_tokens", 0),
+                    cost_usd=cost,
+                    cost_computed="cost_usd" not in body,
+                    text=body.get("text", ""),
+                )
+            )
+        elif kind == "tool_call":
+            call = ToolCall(
+                run_id=run_pk,
+                seq=seq,
+                round=body["round"],
+                call_id=body["call_id"],
+                tool=body["tool"],
+                kind=body.get("kind", ToolCall.Kind.OTHER),
+                args=body["args"],
+                step_id=body.get("step_id", ""),
+                operation_key=body.get("operation_key", ""),
+                ts=ts,
+            )
+            new_calls.append(call)
+            queue = waiting.get(call.call_id)
+            if queue:
+                pending = queue.pop(0)
+                if pending.pk is not None:
+                    consumed.append(pending.pk)
+                else:
+                    new_pending.remove(pending)
+                _result_join(call, pending.seq, pending.body)
+            else:
+                open_calls[call.call_id].append(call)
+        elif kind == "tool_result":
+            stack = open_calls.get(body["call_id"])
+            if stack:
+                call = stack.pop()
+                _result_join(call, seq, body)
+                if call.pk is not None:
+                    answered.append(call)
+            else:
+                pending = PendingResult(run_id=run_pk, seq=seq, call_id=body["call_id"], body=body)
+                new_pending.append(pending)
+                waiting[pending.call_id].append(pending)
+    ModelRound.objects.bulk_create(new_rounds)
+    ToolCall.objects.bulk_create(new_calls)
+    if answered:
+        ToolCall.objects.bulk_update(answered, RESULT_FIELDS)
+    if consumed:
+        PendingResult.objects.filter(pk__in=consumed).delete()
+    PendingResult.objects.bulk_create(new_pending)
+
+
+RESULT_FIELDS = [
+    "result_seq",
+    "result_status",
+    "result",
+    "result_truncated",
+    "result_sha256",
+    "error_class",
+    "latency_ms",
+    "external_request_id",
+    "result_ts",
+]
+
+
+def _result_join(call: ToolCall, seq: int, body: dict[str, Any]) -> None:
+    call.result_seq = seq
+    call.result_status = body["status"]
+    call.result = body.get("result")
+    call.result_truncated = body.get("result_truncated", False)
+    call.result_sha256 = body.get("result_sha256", "")
+    call.error_class = body.get("error_class", "")
+    call.latency_ms = body.get("latency_ms")
+    call.external_request_id = body.get("external_request_id", "")
+    call.result_ts = parse_ts(body["ts"])

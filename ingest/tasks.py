@@ -1,0 +1,27 @@
+"""Celery tasks: interfaces that take ids and call a service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db.models import F
+
+from ingest.events import TASK_DETECT_RUN
+from ingest.models import RunCursor
+from ingest.services import run_process
+
+
+@shared_task(name=TASK_DETECT_RUN, soft_time_limit=120, time_limit=150)
+def detect_run(run_pk: int) -> int:
+    """Process a run's new events. Harmless when delivered twice: the cursor row serialises it."""
+    return run_process(run_pk=run_pk)
+
+
+@shared_task(name="ingest.detect_sweep", soft_time_limit=60, time_limit=90)
+def detect_sweep(limit: int = 500) -> int:
+    """Re-queue runs whose cursor lags their events (a lost enqueue: broker down at commit time)."""
+    lagging = list(
+        RunCursor.objects.filter(position__lt=F("run__events_count")).values_list("run_id", flat=True)[:limit]
+    )
+    for pk in lagging:
+        detect_run.delay(pk)
+    return len(lagging)

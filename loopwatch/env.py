@@ -1,0 +1,104 @@
+"""Typed readers for settings from the environment.
+
+Each raises ImproperlyConfigured naming the variable, so a bad value stops the
+process at start-up instead of surfacing later as a confusing runtime error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str = "", *, environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get(name, default)
+
+
+def env_bool(name: str, default: bool, *, environ: Mapping[str, str] = os.environ) -> bool:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def env_int(
+    name: str, default: int, *, minimum: int = 0, environ: Mapping[str, str] = os.environ
+) -> int:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected an integer") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r}: must be at least {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str], *, environ: Mapping[str, str] = os.environ) -> list[str]:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def database_from_url(name: str, url: str) -> dict:
+    """A Django DATABASES entry from postgres://user:pass@host:port/db?opt=v or sqlite:///path."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: not a valid URL ({exc})") from None
+    if parts.scheme in ("postgres", "postgresql", "pgsql"):
+        db_name = unquote(parts.path.lstrip("/"))
+        if not db_name:
+            raise ImproperlyConfigured(f"{name}={url!r}: the URL names no database (postgres://host/DBNAME)")
+        options = dict(parse_qsl(parts.query))
+        conn_max_age = options.pop("conn_max_age", "60")
+        if not conn_max_age.isdigit():
+            raise ImproperlyConfigured(f"{name}: conn_max_age must be a number of seconds")
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": db_name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(port or ""),
+            "CONN_MAX_AGE": int(conn_max_age),
+            "CONN_HEALTH_CHECKS": True,
+            "OPTIONS": options,
+            "TEST": {"NAME": f"test_{db_name}"},
+        }
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        if path.startswith("/") and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            path = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db
+        if not path:
+            raise ImproperlyConfigured(f"{name}={url!r}: sqlite URL needs a path (sqlite:///db.sqlite3)")
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path}
+    raise ImproperlyConfigured(
+        f"{name}={url!r}: unsupported scheme {parts.scheme!r} (use postgres://... or sqlite:///...)"
+    )
+
+
+def redis_url(name: str, url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - validates the port
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: not a valid URL ({exc})") from None
+    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
+        raise ImproperlyConfigured(f"{name}={url!r}: expected redis://host:port/db")
+    return url

@@ -1,0 +1,14 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("ingest.urls")),
+    path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
+    path("", include("dashboards.urls")),
+]
+
+handler400 = "ingest.api.errors.bad_request"
+handler404 = "ingest.api.errors.not_found"
+handler500 = "ingest.api.errors.server_error"
