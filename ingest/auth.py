@@ -62,6 +62,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="loopwatch"'
 
 def scope_permission(scope: str) -> type[permissions.BasePermission]:
+    scope = str(scope.value if hasattr(scope, "value") else scope)
     class HasScope(permissions.BasePermission):
         message = f"Authorization: this API key lacks the {scope!r} scope"
 

@@ -66,8 +66,8 @@ def make_key(db):
 
 
 @pytest.fixture
-def api(client):
-    """Django's test client speaking JSON with a bearer key."""
+def api(client, django_capture_on_commit_callbacks):
+    """Django's test client speaking JSON with a bearer key; work queued on commit runs after each call."""
 
     class Api:
         def post(self, path: str, body, key: str | None, content_type: str = "application/json", **extra):
@@ -75,7 +75,8 @@ def api(client):
 
             data = body if isinstance(body, bytes | str) else orjson.dumps(body)
             headers = {"HTTP_AUTHORIZATION": f"Bearer {key}"} if key else {}
-            return client.generic("POST", path, data, content_type=content_type, **headers, **extra)
+            with django_capture_on_commit_callbacks(execute=True):
+                return client.generic("POST", path, data, content_type=content_type, **headers, **extra)
 
         def get(self, path: str, key: str | None, **params):
             headers = {"HTTP_AUTHORIZATION": f"Bearer {key}"} if key else {}

@@ -1,0 +1,256 @@
+"""Every validation branch of trace events v1, and agreement with the spec's JSON Schema."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.schema import EventError, validate_event
+
+SPEC_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "spec"
+PACKAGED = Path(__file__).resolve().parents[2] / "ingest" / "spec" / "trace-events.schema.json"
+
+TS = "2026-11-29T10:00:00Z"
+GOOD = {
+    "run_started": {
+        "type": "run_started",
+        "run_id": "r1",
+        "ts": TS,
+        "tenant": "acme",
+        "agent": "shop",
+        "task_type": "order_lookup",
+        "backend": "openai",
+        "model": "gpt-4o",
+        "budgets": {"max_rounds": 10, "max_same_tool_retries": 0, "max_cost_usd": 0.5},
+        "labels": {"env": "prod"},
+    },
+    "user_message": {"type": "user_message", "run_id": "r1", "ts": TS, "text": "where is my order?"},
+    "model_round": {
+        "type": "model_round",
+        "run_id": "r1",
+        "ts": TS,
+        "round": 1,
+        "input_tokens": 900,
+        "output_tokens": 40,
+        "cost_usd": 0.01,
+        "text": "Let me look.",
+    },
+    "tool_call": {
+        "type": "tool_call",
+        "run_id": "r1",
+        "ts": TS,
+        "round": 1,
+        "call_id": "c1",
+        "tool": "search_orders",
+        "kind": "read",
+        "args": {"customer": "42"},
+        "step_id": "s1",
+        "operation_key": "acme:order:42:cancel:v1",
+    },
+    "tool_result": {
+        "type": "tool_result",
+        "run_id": "r1",
+        "ts": TS,
+        "call_id": "c1",
+        "status": "ok",
+        "result": {"orders": []},
+        "result_truncated": False,
+        "result_sha256": "a" * 64,
+        "error_class": "empty_result",
+        "latency_ms": 12.5,
+        "external_request_id": "req-1",
+    },
+    "run_finished": {
+        "type": "run_finished",
+        "run_id": "r1",
+        "ts": TS,
+        "status": "truncated",
+        "terminated_by": "budget",
+        "budget_type": "max_tool_calls",
+        "reason": "50 calls",
+    },
+}
+
+
+def schema() -> dict:
+    return orjson.loads(PACKAGED.read_bytes())
+
+
+def test_packaged_schema_is_the_spec():
+    shared = SPEC_DIR / "trace-events.schema.json"
+    if not shared.exists():
+        pytest.skip("../shared/spec is not beside the project")
+    assert orjson.loads(shared.read_bytes()) == schema()
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_it_accepts_a_full_event_of_each_type(kind):
+    event = copy.deepcopy(GOOD[kind])
+    assert validate_event(event).year == 2026
+    jsonschema.validate(event, schema())
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_it_keeps_unknown_fields(kind):
+    event = {**copy.deepcopy(GOOD[kind]), "x_custom": {"a": 1}}
+    validate_event(event)
+    assert event["x_custom"] == {"a": 1}
+
+
+def _error(event) -> tuple[str, str]:
+    with pytest.raises(EventError) as info:
+        validate_event(event)
+    return info.value.field, info.value.reason
+
+
+def _with(event_type: str, /, **changes) -> dict:
+    event = copy.deepcopy(GOOD[event_type])
+    for key, value in changes.items():
+        if value is ...:
+            event.pop(key)
+        else:
+            event[key] = value
+    return event
+
+
+BAD = [
+    # envelope
+    ([], "", "must be an object (an event), not an array"),
+    (_with("user_message", type=...), "type", "is required"),
+    (_with("user_message", type="tool_called"), "type", "must be one of"),
+    (_with("user_message", type=3), "type", "must be one of"),
+    (_with("user_message", run_id=...), "run_id", "is required"),
+    (_with("user_message", run_id=""), "run_id", "must not be empty"),
+    (_with("user_message", run_id="x" * 201), "run_id", "at most 200"),
+    (_with("user_message", run_id=7), "run_id", "must be a string, not a number"),
+    (_with("user_message", ts=...), "ts", "is required"),
+    (_with("user_message", ts="yesterday"), "ts", "RFC 3339"),
+    (_with("user_message", ts="2026-11-29T10:00:00"), "ts", "RFC 3339"),
+    (_with("user_message", ts="2026-02-30T10:00:00Z"), "ts", "RFC 3339"),
+    (_with("user_message", ts=1700000000), "ts", "RFC 3339"),
+    (_with("user_message", event_id=""), "event_id", "must not be empty"),
+    (_with("user_message", event_id="e" * 201), "event_id", "at most 200"),
+    # run_started
+    (_with("run_started", tenant=""), "tenant", "must not be empty"),
+    (_with("run_started", agent=["a"]), "agent", "must be a string, not an array"),
+    (_with("run_started", task_type=""), "task_type", "must not be empty"),
+    (_with("run_started", backend="b" * 101), "backend", "at most 100"),
+    (_with("run_started", model=None), "model", "must be a string, not null"),
+    (_with("run_started", budgets=[]), "budgets", "must be an object"),
+    (_with("run_started", budgets={"max_loops": 3}), "budgets.max_loops", "is not a budget"),
+    (_with("run_started", budgets={"max_rounds": 0}), "budgets.max_rounds", "at least 1"),
+    (_with("run_started", budgets={"max_tool_calls": 2.5}), "budgets.max_tool_calls", "must be an integer"),
+    (_with("run_started", budgets={"max_tokens": True}), "budgets.max_tokens", "must be an integer"),
+    (_with("run_started", budgets={"max_same_tool_retries": -1}), "budgets.max_same_tool_retries", "at least 0"),
+    (_with("run_started", budgets={"max_cost_usd": 0}), "budgets.max_cost_usd", "greater than 0"),
+    (_with("run_started", budgets={"max_wall_s": "60"}), "budgets.max_wall_s", "must be a number"),
+    (_with("run_started", labels=["a"]), "labels", "must be an object"),
+    (_with("run_started", labels={"v": 2}), "labels.v", "must be a string"),
+    # user_message
+    (_with("user_message", text=...), "text", "is required"),
+    (_with("user_message", text={"t": 1}), "text", "must be a string"),
+    # model_round
+    (_with("model_round", round=...), "round", "is required"),
+    (_with("model_round", round=0), "round", "at least 1"),
+    (_with("model_round", round="1"), "round", "must be an integer, not a string"),
+    (_with("model_round", round=2**31), "round", "at most"),
+    (_with("model_round", input_tokens=-1), "input_tokens", "at least 0"),
+    (_with("model_round", output_tokens=1.5), "output_tokens", "must be an integer"),
+    (_with("model_round", cost_usd=-0.1), "cost_usd", "at least 0"),
+    (_with("model_round", cost_usd="0.1"), "cost_usd", "must be a number"),
+    (_with("model_round", text=5), "text", "must be a string"),
+    # tool_call
+    (_with("tool_call", round=...), "round", "is required"),
+    (_with("tool_call", call_id=...), "call_id", "is required"),
+    (_with("tool_call", call_id=""), "call_id", "must not be empty"),
+    (_with("tool_call", tool=...), "tool", "is required"),
+    (_with("tool_call", tool="t" * 201), "tool", "at most 200"),
+    (_with("tool_call", kind="delete"), "kind", "must be one of read, write, poll, other"),
+    (_with("tool_call", args=...), "args", "is required"),
+    (_with("tool_call", args=[1]), "args", "must be an object, not an array"),
+    (_with("tool_call", args="{}"), "args", "must be an object, not a string"),
+    (_with("tool_call", step_id=""), "step_id", "must not be empty"),
+    (_with("tool_call", operation_key="k" * 501), "operation_key", "at most 500"),
+    # tool_result
+    (_with("tool_result", call_id=...), "call_id", "is required"),
+    (_with("tool_result", status=...), "status", "is required"),
+    (_with("tool_result", status="failed"), "status", "must be one of ok, error, timeout"),
+    (_with("tool_result", result_truncated="yes"), "result_truncated", "must be a boolean"),
+    (_with("tool_result", result_sha256="ABC"), "result_sha256", "64 lowercase hex"),
+    (_with("tool_result", error_class="boom"), "error_class", "must be one of"),
+    (_with("tool_result", latency_ms=-3), "latency_ms", "at least 0"),
+    (_with("tool_result", external_request_id="r" * 501), "external_request_id", "at most 500"),
+    # run_finished
+    (_with("run_finished", status=...), "status", "is required"),
+    (_with("run_finished", status="done"), "status", "must be one of succeeded, failed, truncated, abandoned"),
+    (_with("run_finished", terminated_by="timeout"), "terminated_by", "must be one of budget, loop, user, error"),
+    (_with("run_finished", budget_type=["x"]), "budget_type", "must be a string"),
+    (_with("run_finished", reason=1), "reason", "must be a string"),
+]
+
+
+@pytest.mark.parametrize(("event", "field", "reason"), BAD, ids=[f"{b[1] or 'event'}-{i}" for i, b in enumerate(BAD)])
+def test_it_names_the_field_and_the_reason(event, field, reason):
+    got_field, got_reason = _error(event)
+    assert got_field == field
+    assert reason in got_reason
+
+
+def test_integral_floats_count_as_integers_as_in_json_schema():
+    event = _with("model_round", round=2.0, input_tokens=10.0)
+    validate_event(event)
+    assert event["round"] == 2 and isinstance(event["round"], int)
+
+
+def test_the_result_may_be_any_json():
+    for result in ("plain text", 3, None, [1, 2], {"a": {"b": []}}):
+        validate_event(_with("tool_result", result=result))
+
+
+# --- agreement with the JSON Schema on generated events ---------------------------------
+
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 2**31 - 1), st.floats(-5, 1e6, allow_nan=False), st.text(max_size=5)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=6,
+)
+
+
+@st.composite
+def mutated_events(draw):
+    kind = draw(st.sampled_from(sorted(GOOD)))
+    event = copy.deepcopy(GOOD[kind])
+    for _ in range(draw(st.integers(0, 3))):
+        key = draw(st.sampled_from([*sorted(event), "round", "args", "status", "budgets", "labels", "type"]))
+        if draw(st.booleans()) and key in event:
+            event.pop(key)
+        else:
+            event[key] = draw(json_values)
+    return event
+
+
+@settings(max_examples=400, deadline=None)
+@given(mutated_events())
+def test_it_agrees_with_the_json_schema(event):
+    """Accepted by us <=> valid per the schema (ts format checked separately, ints capped at 2**31-1)."""
+    schema_ok = jsonschema.Draft202012Validator(schema()).is_valid(event)
+    try:
+        validate_event(copy.deepcopy(event))
+        ours_ok = True
+    except EventError:
+        ours_ok = False
+    ts_ok = isinstance(event.get("ts"), str) and event.get("ts") == TS
+    if not ts_ok:
+        # The JSON Schema leaves `format` unchecked by default; we always check it.
+        assert not ours_ok or schema_ok
+        return
+    assert ours_ok == schema_ok, event
