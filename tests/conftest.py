@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from ingest.services import api_key_create, tenant_get_or_create
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# Connections opened by Channels' worker threads must close after each use, or the test
+# database cannot be dropped at the end of the session.
+connections.settings["default"]["CONN_MAX_AGE"] = 0
 
 
 def _need(what: str, present: bool) -> None:
