@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The two Quickstart commands, with nothing but python3 on the machine.
+
+    python3 dev.py up      install, migrate, create the demo user and key, serve on :8000 with demo traffic
+    python3 dev.py test    install, then run the whole test suite (and ruff)
+
+Both create .venv/ on first use and reinstall only when pyproject.toml changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+STAMP = VENV / ".loopwatch-installed"
+DEMO_KEY_FILE = ROOT / "var" / "demo-api-key"
+
+
+def sh(*args: str | Path, env: dict | None = None) -> None:
+    print("+", " ".join(str(a) for a in args), flush=True)
+    subprocess.run([str(a) for a in args], cwd=ROOT, env=env, check=True)
+
+
+def install() -> None:
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == wanted and PY.exists():
+        return
+    if not PY.exists():
+        print(f"creating {VENV}", flush=True)
+        venv.create(VENV, with_pip=True)
+    sh(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    sh(PY, "-m", "pip", "install", "--quiet", "-e", ".[dev]")
+    STAMP.write_text(wanted)
+
+
+def up(argv: list[str]) -> int:
+    install()
+    port = os.environ.get("PORT", "8000")
+    manage = [PY, "manage.py"]
+    sh(*manage, "migrate", "--no-input", "-v", "0")
+    sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE)
+    key = DEMO_KEY_FILE.read_text().strip()
+    server = subprocess.Popen(
+        [str(BIN / "uvicorn"), "loopwatch.asgi:application", "--host", "127.0.0.1", "--port", port],
+        cwd=ROOT,
+    )
+    time.sleep(1.5)
+    print(f"\nloopwatch is serving at http://127.0.0.1:{port}/  (login: demo / demo)\n", flush=True)
+    simulate = subprocess.Popen(
+        [str(PY), "manage.py", "simulate", "--url", f"http://127.0.0.1:{port}", "--key", key, *argv],
+        cwd=ROOT,
+    )
+    try:
+        while server.poll() is None and simulate.poll() is None:
+            time.sleep(0.5)
+        if simulate.poll() is not None and server.poll() is None:
+            print("demo traffic finished; the server keeps running (Ctrl-C to stop)", flush=True)
+            server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for proc in (simulate, server):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in (simulate, server):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return server.returncode or 0
+
+
+def test(argv: list[str]) -> int:
+    install()
+    sh(BIN / "ruff", "check", ".")
+    sh(BIN / "ruff", "format", "--check", ".")
+    sh(PY, "manage.py", "makemigrations", "--check", "--dry-run", "-v", "0")
+    return subprocess.run([str(PY), "-m", "pytest", *argv], cwd=ROOT).returncode
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("up", "test"):
+        print(__doc__)
+        return 2
+    command, argv = sys.argv[1], sys.argv[2:]
+    try:
+        return up(argv) if command == "up" else test(argv)
+    except subprocess.CalledProcessError as exc:
+        print(f"dev.py: {' '.join(map(str, exc.cmd))} failed with exit code {exc.returncode}", file=sys.stderr)
+        return exc.returncode or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
