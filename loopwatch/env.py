@@ -82,9 +82,8 @@ def database_from_url(name: str, url: str) -> dict:
             "TEST": {"NAME": f"test_{db_name}"},
         }
     if parts.scheme == "sqlite":
-        path = unquote(parts.path)
-        if path.startswith("/") and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-            path = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db
+        # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them
+        path = unquote(parts.path)[1:]
         if not path:
             raise ImproperlyConfigured(f"{name}={url!r}: sqlite URL needs a path (sqlite:///db.sqlite3)")
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": path}

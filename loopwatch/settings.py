@@ -161,7 +161,12 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "var" / "static")))
+WHITENOISE_USE_FINDERS = True  # serve from the apps' static folders too: collectstatic is optional
+try:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+except OSError:
+    pass  # a read-only deployment runs collectstatic into a writable STATIC_ROOT itself
 LOGIN_URL = "/admin/login/"
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()

@@ -1,0 +1,913 @@
+"""End-to-end REST ingest benchmark, with the raw COPY ceiling measured in the same run.
+
+    .venv/bin/python bench/ingest.py [--events 100000] [--batch 1000] [--clients 4] [--workers 2]
+        [--database-url postgres://postgres@127.0.0.1:5432/loopwatch_bench]
+        [--redis-url redis://127.0.0.1:6379/15] [--port 8765]
+
+1. Creates the bench database if missing, migrates it, empties the event and run tables
+   (only in a database whose name holds "bench"), creates a tenant and an ingest key.
+2. Starts uvicorn (--workers) on 127.0.0.1:PORT with DEBUG off, REDIS_URL set (detection tasks are
+   queued to Redis, nothing consumes them), and waits until it answers.
+3. REST: --clients processes, each with its own stream of generated trace events (~600 bytes,
+   runs interleaved, pre-serialised with orjson before the clock starts), POST batches of --batch
+   events over one keep-alive connection each. Every answer must be 200 with accepted == batch size.
+4. Stops the server, then the ceiling: the same rows (run ids mapped to fresh ints) copied with
+   psycopg COPY into bench_ceiling (LIKE ingest_event INCLUDING ALL), one transaction per --batch
+   rows, from --clients processes, then again from a single process.
+5. Prints the table, empties bench_ceiling, purges the Redis bench db. The bench database and its
+   ingest_event rows stay (they are emptied at the start of the next run).
+
+Exits 1 when any batch failed, 2 on a setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import multiprocessing as mp
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"  # the only host this script talks HTTP to
+INGEST_PATH = "/api/v1/events"
+TENANT = "bench"
+CEILING_TABLE = "bench_ceiling"
+COPY_COLUMNS = "(tenant_id, run_id, seq, event_id, type, ts, body)"
+TARGET = 0.50  # REST / COPY ratio to reach
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --- event generation ---------------------------------------------------------------------------
+
+WORDS = (
+    "order customer ticket status refund shipping invoice account payment address delivery "
+    "warehouse carrier tracking number pending open closed escalate priority summary the a of to "
+    "and for with on in is was not found please check again later update record confirm request "
+    "latest page cursor result error retry timeout quota limit region europe billing plan annual "
+    "monthly discount coupon applied cancelled returned damaged missing item product sku quantity"
+).split()
+
+TOOLS = (
+    ("search_orders", "read"),
+    ("get_order", "read"),
+    ("query_db", "read"),
+    ("http_get", "read"),
+    ("poll_job", "poll"),
+    ("update_ticket", "write"),
+    ("send_email", "write"),
+    ("create_refund", "write"),
+)
+BACKENDS = (("openai", "gpt-4o"), ("anthropic", "claude-sonnet-4"), ("vllm", "llama-3.1-70b"))
+AGENTS = ("shop-assistant", "support-triage", "billing-bot", "ops-runner")
+TASK_TYPES = ("order_lookup", "refund", "ticket_triage", "report")
+ERROR_CLASSES = ("transient", "rate_limited", "not_found", "invalid_argument")
+EPOCH = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _uuid(rng: random.Random) -> str:
+    h = f"{rng.getrandbits(128):032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _args(rng: random.Random, tool: str) -> dict[str, Any]:
+    if tool == "search_orders":
+        return {
+            "customer": f"cus_{rng.randrange(10**6):06d}",
+            "status": rng.choice(("open", "shipped", "returned")),
+            "query": _words(rng, rng.randint(10, 24)),
+            "limit": 20,
+            "fields": ["id", "status", "total", "created_at"],
+        }
+    if tool == "get_order":
+        return {
+            "order_id": f"ord_{rng.randrange(10**8):08d}",
+            "expand": ["items", "shipping", "payments", "customer"],
+            "reason": _words(rng, rng.randint(14, 30)),
+        }
+    if tool == "query_db":
+        return {
+            "sql": "SELECT id, status, total FROM orders WHERE customer_id = $1 AND created_at > $2 "
+            "ORDER BY created_at DESC LIMIT 50",
+            "params": [rng.randrange(10**6), "2026-10-01"],
+        }
+    if tool == "http_get":
+        return {
+            "url": f"https://api.example.com/v2/shipments/{rng.randrange(10**8)}/events",
+            "headers": {"Accept": "application/json", "X-Request-Source": "agent"},
+            "query": {"since": "2026-11-01T00:00:00Z", "limit": 100, "q": _words(rng, rng.randint(10, 20))},
+            "timeout_s": 10,
+        }
+    if tool == "poll_job":
+        return {"job_id": f"job_{rng.randrange(10**6)}", "wait_s": 5, "note": _words(rng, rng.randint(20, 40))}
+    if tool == "update_ticket":
+        return {
+            "ticket_id": f"T-{rng.randrange(10**5)}",
+            "status": rng.choice(("pending", "escalated", "solved")),
+            "comment": _words(rng, rng.randint(30, 60)),
+        }
+    if tool == "send_email":
+        return {
+            "to": f"customer{rng.randrange(10**5)}@example.com",
+            "subject": _words(rng, 5),
+            "body": _words(rng, rng.randint(40, 80)),
+        }
+    return {"order_id": f"ord_{rng.randrange(10**8):08d}", "amount": round(rng.uniform(5, 300), 2),
+            "currency": "EUR", "reason": _words(rng, rng.randint(15, 35))}
+
+
+def _result(rng: random.Random, tool: str) -> Any:
+    if tool in ("search_orders", "query_db"):
+        items = [
+            {
+                "id": f"ord_{rng.randrange(10**8):08d}",
+                "status": rng.choice(("open", "shipped", "returned", "cancelled")),
+                "total": round(rng.uniform(5, 500), 2),
+                "created_at": "2026-11-2%dT%02d:%02d:00Z" % (rng.randrange(10), rng.randrange(24), rng.randrange(60)),
+            }
+            for _ in range(rng.randint(1, 6))
+        ]
+        return {"items": items, "count": len(items), "next_cursor": None if rng.random() < 0.7 else _uuid(rng)}
+    if tool == "get_order":
+        return {
+            "id": f"ord_{rng.randrange(10**8):08d}",
+            "status": "shipped",
+            "items": [{"sku": f"SKU-{rng.randrange(10**5)}", "qty": rng.randint(1, 3)} for _ in range(2)],
+            "shipping": {"carrier": "DHL", "tracking": f"JD{rng.randrange(10**12):012d}"},
+        }
+    if tool == "http_get":
+        return {
+            "status": 200,
+            "events": [{"at": "2026-11-28T09:00:00Z", "what": _words(rng, 8)} for _ in range(rng.randint(2, 5))],
+        }
+    if tool == "poll_job":
+        return {
+            "state": rng.choice(("RUNNING", "RUNNING", "SUCCEEDED")),
+            "progress": rng.randrange(100),
+            "log_tail": _words(rng, rng.randint(30, 60)),
+        }
+    return {"ok": True, "id": _uuid(rng), "message": _words(rng, rng.randint(25, 50))}
+
+
+class _Run:
+    __slots__ = ("backend", "left", "model", "number", "pending", "round", "run_id")
+
+    def __init__(self, rng: random.Random, run_id: str, number: int) -> None:
+        self.run_id = run_id
+        self.number = number  # 0, 1, 2, ... within the client's stream
+        self.left = rng.randint(40, 120)  # events this run will have
+        self.round = 0
+        self.backend, self.model = rng.choice(BACKENDS)
+        self.pending: list[dict[str, Any]] = [
+            {
+                "type": "run_started",
+                "tenant": TENANT,
+                "agent": rng.choice(AGENTS),
+                "task_type": rng.choice(TASK_TYPES),
+                "backend": self.backend,
+                "model": self.model,
+                "budgets": {"max_rounds": 40, "max_tool_calls": 80, "max_cost_usd": 2.5},
+                "labels": {"prompt_version": f"v{rng.randint(1, 9)}", "deployment": "bench"},
+            }
+        ]
+
+    def next_round(self, rng: random.Random) -> None:
+        self.round += 1
+        calls = rng.choice((1, 1, 1, 2, 3))
+        if self.left <= 2 * calls + 3:
+            self.pending = [
+                {"type": "model_round", "round": self.round, "input_tokens": rng.randint(2000, 9000),
+                 "output_tokens": rng.randint(50, 400), "text": _words(rng, rng.randint(30, 60))},
+                {"type": "run_finished", "status": rng.choice(("succeeded", "succeeded", "succeeded", "failed")),
+                 "reason": _words(rng, 6)},
+            ]
+            return
+        round_event: dict[str, Any] = {
+            "type": "model_round",
+            "round": self.round,
+            "input_tokens": rng.randint(800, 9000),
+            "output_tokens": rng.randint(20, 300),
+        }
+        if rng.random() < 0.3:
+            round_event["cost_usd"] = round(rng.uniform(0.001, 0.05), 6)
+        if rng.random() < 0.7:
+            round_event["text"] = _words(rng, rng.randint(50, 120))
+        self.pending = [round_event]
+        results = []
+        for i in range(calls):
+            tool, kind = rng.choice(TOOLS)
+            call_id = f"call_{self.round}_{i}_{rng.getrandbits(40):010x}"
+            call = {"type": "tool_call", "round": self.round, "call_id": call_id, "tool": tool, "kind": kind,
+                    "args": _args(rng, tool)}
+            if kind == "write":
+                call["step_id"] = f"step-{self.round}-{i}"
+            self.pending.append(call)
+            roll = rng.random()
+            status = "ok" if roll < 0.9 else ("error" if roll < 0.97 else "timeout")
+            result: dict[str, Any] = {"type": "tool_result", "call_id": call_id, "status": status,
+                                      "latency_ms": round(rng.uniform(20, 2500), 1)}
+            if status == "ok":
+                result["result"] = _result(rng, tool)
+            else:
+                result["result"] = {"error": _words(rng, rng.randint(10, 30)), "code": rng.choice((400, 404, 429, 503))}
+                result["error_class"] = rng.choice(ERROR_CLASSES)
+            if kind == "write" and status == "ok":
+                result["external_request_id"] = f"ext_{rng.getrandbits(48):012x}"
+            results.append(result)
+        self.pending.extend(results)
+
+
+def client_stream(seed: int, client: int, n_events: int, pool: int, prefix: str) -> list[tuple[int, dict]]:
+    """One client's events, deterministic in (seed, client): [(run number, event)], in send order.
+
+    `pool` runs are active at once and each event comes from a random one of them, so runs
+    interleave and span several batches; a finished run is replaced by a new one.
+    """
+    rng = random.Random(seed * 7919 + client)
+    clock = EPOCH + timedelta(seconds=client * 3600)
+    made = 0
+
+    def new_run() -> _Run:
+        nonlocal made
+        made += 1
+        return _Run(rng, f"{prefix}-c{client}-r{made - 1:06d}", made - 1)
+
+    active = [new_run() for _ in range(pool)]
+    out: list[tuple[int, dict]] = []
+    while len(out) < n_events:
+        slot = rng.randrange(len(active))
+        run = active[slot]
+        if not run.pending:
+            run.next_round(rng)
+        body = run.pending.pop(0)
+        clock += timedelta(microseconds=rng.randint(100, 20_000))
+        event = {
+            "type": body.pop("type"),
+            "run_id": run.run_id,
+            "ts": clock.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "event_id": _uuid(rng),
+            **body,
+            "span_id": f"{rng.getrandbits(64):016x}",
+            "sdk": "loopwatch-py/0.4.2",
+        }
+        out.append((run.number, event))
+        run.left -= 1
+        if event["type"] == "run_finished":
+            active[slot] = new_run()
+    return out
+
+
+def split(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+# --- REST client -----------------------------------------------------------------------------------
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes, key: str) -> tuple[int, bytes]:
+    conn.request(
+        "POST",
+        INGEST_PATH,
+        body=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+
+def rest_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
+    """Send this client's batches over one keep-alive connection; report counts and latencies."""
+    try:
+        stream = client_stream(cfg["seed"], idx, cfg["per_client"][idx], cfg["pool"], cfg["prefix"])
+        events = [e for _, e in stream]
+        size_total = sum(len(orjson.dumps(e)) for e in events)
+        batch = cfg["batch"]
+        bodies = [(orjson.dumps(events[i : i + batch]), len(events[i : i + batch])) for i in range(0, len(events), batch)]
+        del stream, events
+        # Warm-up: one small batch of its own run, so the worker that answers has its DB connection.
+        warm = [e for _, e in client_stream(cfg["seed"] + 1, idx, 5, 1, cfg["prefix"] + "-warm")]
+        conn = http.client.HTTPConnection(HOST, cfg["port"], timeout=cfg["request_timeout"])
+        status, data = _post(conn, orjson.dumps(warm), key)
+        conn.close()
+        if status != 200:
+            raise RuntimeError(f"warm-up batch answered {status}: {data[:300]!r}")
+
+        barrier.wait(timeout=cfg["timeout"])
+        cpu0 = time.process_time()
+        conn = http.client.HTTPConnection(HOST, cfg["port"], timeout=cfg["request_timeout"])
+        first = time.monotonic()
+        deadline = first + cfg["timeout"]
+        latencies: list[float] = []
+        failed_batches = failed_events = 0
+        failures: list[str] = []
+        for n, (body, count) in enumerate(bodies):
+            if time.monotonic() > deadline:
+                left = bodies[n:]
+                failed_batches += len(left)
+                failed_events += sum(c for _, c in left)
+                failures.append(f"hard timeout ({cfg['timeout']} s): {len(left)} batches not sent")
+                break
+            t0 = time.monotonic()
+            try:
+                status, data = _post(conn, body, key)
+            except (OSError, http.client.HTTPException) as exc:
+                failed_batches += 1
+                failed_events += count
+                failures.append(f"batch {n}: {type(exc).__name__}: {exc}")
+                conn.close()
+                conn = http.client.HTTPConnection(HOST, cfg["port"], timeout=cfg["request_timeout"])
+                continue
+            latencies.append(time.monotonic() - t0)
+            accepted = None
+            if status == 200:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    accepted = orjson.loads(data).get("accepted")
+            if status != 200 or accepted != count:
+                failed_batches += 1
+                failed_events += count
+                failures.append(f"batch {n}: HTTP {status}, accepted={accepted} of {count}: {data[:300]!r}")
+        last = time.monotonic()
+        conn.close()
+        out_q.put(
+            {
+                "idx": idx,
+                "first": first,
+                "last": last,
+                "events": sum(c for _, c in bodies),
+                "batches": len(bodies),
+                "bytes": size_total,
+                "latencies": latencies,
+                "failed_batches": failed_batches,
+                "failed_events": failed_events,
+                "failures": failures[:5],
+                "cpu": time.process_time() - cpu0,
+            }
+        )
+    except BaseException as exc:  # reported by the parent, which counts the whole share as failed
+        out_q.put({"idx": idx, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
+
+
+# --- COPY ceiling -----------------------------------------------------------------------------------
+
+
+def ceiling_rows(cfg: dict, idx: int, tenant_id: int) -> list[tuple]:
+    """Client idx's events as ingest_event rows, as the server stores them (run ids -> fresh ints)."""
+    seqs: dict[int, int] = {}
+    rows = []
+    for number, event in client_stream(cfg["seed"], idx, cfg["per_client"][idx], cfg["pool"], cfg["prefix"]):
+        run_int = (idx + 1) * 1_000_000 + number
+        seq = seqs[run_int] = seqs.get(run_int, 0) + 1
+        ts = datetime.fromisoformat(event["ts"])
+        rows.append((tenant_id, run_int, seq, event["event_id"], event["type"], ts, orjson.dumps(event).decode()))
+    return rows
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process so far, 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def copy_client(idxs: list[int], cfg: dict, tenant_id: int, barrier, out_q) -> None:
+    """COPY the rows of clients idxs into the ceiling table, one transaction per batch."""
+    try:
+        rows = [row for idx in idxs for row in ceiling_rows(cfg, idx, tenant_id)]
+        batch = cfg["batch"]
+        copy_sql = sql.SQL("COPY {} " + COPY_COLUMNS + " FROM STDIN").format(sql.Identifier(CEILING_TABLE))
+        with psycopg.connect(cfg["database_url"], autocommit=True) as conn:
+            backend = conn.info.backend_pid
+            barrier.wait(timeout=cfg["timeout"])
+            cpu0, pg0 = time.process_time(), _proc_cpu(backend)
+            first = time.monotonic()
+            deadline = first + cfg["timeout"]
+            latencies: list[float] = []
+            done = 0
+            for start in range(0, len(rows), batch):
+                if time.monotonic() > deadline:
+                    break
+                t0 = time.monotonic()
+                with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                    for row in rows[start : start + batch]:
+                        copy.write_row(row)
+                latencies.append(time.monotonic() - t0)
+                done += min(batch, len(rows) - start)
+            last = time.monotonic()
+            pg_cpu = _proc_cpu(backend) - pg0
+        out_q.put(
+            {
+                "idx": idxs[0],
+                "first": first,
+                "last": last,
+                "events": done,
+                "expected": len(rows),
+                "latencies": latencies,
+                "cpu": time.process_time() - cpu0,
+                "pg_cpu": pg_cpu,
+            }
+        )
+    except BaseException as exc:
+        out_q.put({"idx": idxs[0], "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
+
+
+# --- orchestration ------------------------------------------------------------------------------------
+
+
+class SetupError(Exception):
+    pass
+
+
+def _with_db(url: str, db: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + db))
+
+
+def ensure_database(url: str) -> None:
+    name = urlsplit(url).path.lstrip("/")
+    if not name:
+        raise SetupError(f"--database-url {url!r} names no database")
+    with psycopg.connect(_with_db(url, "postgres"), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            print(f"created database {name}")
+
+
+def server_env(args) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=args.database_url,
+        REDIS_URL=args.redis_url,
+        DEBUG="false",
+        SECRET_KEY="bench-" + secrets.token_hex(24),
+        LOG_LEVEL="WARNING",
+        DJANGO_SETTINGS_MODULE="loopwatch.settings",
+    )
+    return env
+
+
+def manage(env: dict[str, str], *argv: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise SetupError(f"manage.py {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def reset_tables(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE ingest_event, ingest_run RESTART IDENTITY CASCADE")
+
+
+def checkpoint(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((HOST, port)) != 0
+
+
+class Server:
+    """uvicorn in a session of its own; stop() ends that process group (and only it)."""
+
+    def __init__(self, args, env: dict[str, str], key: str) -> None:
+        self.args = args
+        self.key = key
+        self.log_path = Path(f"/tmp/loopwatch-bench-uvicorn-{args.port}.log")
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "uvicorn"),
+                "loopwatch.asgi:application",
+                "--host", HOST,
+                "--port", str(args.port),
+                "--workers", str(args.workers),
+                "--log-level", "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SetupError(f"uvicorn exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                conn = http.client.HTTPConnection(HOST, self.args.port, timeout=5)
+                conn.request("GET", "/api/v1/runs?limit=1", headers={"Authorization": f"Bearer {self.key}"})
+                status = conn.getresponse().status
+                conn.close()
+                if status == 200:
+                    # With several workers, give the others the time to finish booting too.
+                    time.sleep(0.5 if self.args.workers == 1 else 2.0)
+                    return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise SetupError(f"uvicorn did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def worker_pids(self) -> list[int]:
+        if self.args.workers == 1:
+            return [self.proc.pid]
+        pids = []
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            return []
+        for pid in map(int, children):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"resource_tracker" not in cmdline:
+                pids.append(pid)
+        return pids
+
+    def log_tail(self) -> str:
+        self.log.flush()
+        return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        # Workers left behind by the supervisor are in the same process group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def system_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(fields[:8])
+    idle = fields[3] + fields[4]
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+def run_phase(target, jobs: list[tuple], timeout: float, watch_pids: list[int] = ()) -> dict:
+    """Start one process per job, release them together, collect their reports within the timeout."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(jobs) + 1)
+    out_q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*job, barrier, out_q), daemon=True) for job in jobs]
+    for proc in procs:
+        proc.start()
+    reports: list[dict] = []
+    try:
+        try:
+            barrier.wait(timeout=timeout)
+        except Exception as exc:
+            raise SetupError(f"the clients were not ready within {timeout:.0f} s ({exc!r})") from None
+        busy0, total0 = system_busy()
+        watched0 = {pid: _proc_cpu(pid) for pid in watch_pids}
+        deadline = time.monotonic() + timeout + 30
+        while len(reports) < len(jobs) and time.monotonic() < deadline:
+            try:
+                reports.append(out_q.get(timeout=1.0))
+            except Exception:
+                if not any(p.is_alive() for p in procs) and out_q.empty():
+                    break
+        busy1, total1 = system_busy()
+        watched = sum(_proc_cpu(pid) - cpu for pid, cpu in watched0.items())
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()  # one of ours, by its own handle
+                proc.join(timeout=5)
+    return {
+        "reports": reports,
+        "missing": len(jobs) - len(reports),
+        "busy": busy1 - busy0,
+        "total": total1 - total0,
+        "watched_cpu": watched,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summarise(phase: dict) -> dict:
+    ok = [r for r in phase["reports"] if "error" not in r]
+    errors = [r["error"] for r in phase["reports"] if "error" in r]
+    if not ok:
+        return {"rate": 0.0, "wall": 0.0, "events": 0, "latencies": [], "errors": errors, "ok": ok}
+    wall = max(r["last"] for r in ok) - min(r["first"] for r in ok)
+    events = sum(r["events"] - r.get("failed_events", 0) for r in ok)
+    latencies = [x for r in ok for x in r["latencies"]]
+    return {
+        "rate": events / wall if wall > 0 else 0.0,
+        "wall": wall,
+        "events": events,
+        "latencies": latencies,
+        "errors": errors,
+        "ok": ok,
+        "client_cpu": sum(r["cpu"] for r in ok),
+        "pg_cpu": sum(r.get("pg_cpu", 0.0) for r in ok),
+    }
+
+
+TABLE_SUMS = """
+SELECT count(*), coalesce(sum(e.seq), 0),
+       coalesce(sum(hashtext(concat_ws('|', e.seq, e.event_id, e.type, e.ts, e.body::text))::bigint), 0)
+FROM {table} e {where}
+"""
+
+
+def stored_sums(url: str, *, prefix: str | None = None) -> tuple[int, int, int]:
+    """(rows, sum of seq, checksum) of the REST-stored events of this run (prefix) or of the ceiling."""
+    with psycopg.connect(url) as conn:
+        if prefix is None:
+            query = sql.SQL(TABLE_SUMS).format(table=sql.Identifier(CEILING_TABLE), where=sql.SQL(""))
+            return conn.execute(query).fetchone()
+        query = sql.SQL(TABLE_SUMS).format(
+            table=sql.Identifier("ingest_event"),
+            where=sql.SQL("JOIN ingest_run r ON r.id = e.run_id WHERE r.run_id LIKE %s"),
+        )
+        return conn.execute(query, (prefix + "-c%",)).fetchone()
+
+
+def redis_purge(url: str) -> int:
+    import redis  # celery[redis] brings it
+
+    client = redis.Redis.from_url(url)
+    try:
+        queued = client.dbsize()
+        client.flushdb()
+        return queued
+    finally:
+        client.close()
+
+
+def redis_queued(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return client.llen("celery") if client.type("celery") == b"list" else 0
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--events", type=int, default=100_000, help="events in all (default 100000)")
+    parser.add_argument("--batch", type=int, default=1000, help="events per HTTP batch / COPY transaction")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent client processes")
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn workers")
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/loopwatch_bench")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--timeout", type=float, default=600.0, help="hard limit in seconds for each phase")
+    parser.add_argument("--request-timeout", type=float, default=60.0, help="socket timeout of one batch")
+    parser.add_argument("--seed", type=int, default=None, help="generator seed (default: random)")
+    parser.add_argument("--py-spy", metavar="OUT", help="record one server worker with py-spy during REST "
+                        "(OUT.svg flamegraph, OUT.json speedscope, else raw collapsed stacks; wall time)")
+    parser.add_argument("--skip-ceiling", action="store_true", help="only the REST phase")
+    args = parser.parse_args(argv)
+
+    for name in ("events", "batch", "clients", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.events < args.clients:
+        parser.error("--events must be at least --clients")
+    db_name = urlsplit(args.database_url).path.lstrip("/")
+    if "bench" not in db_name:
+        parser.error(f"--database-url: the database {db_name!r} would be emptied; its name must contain 'bench'")
+    if urlsplit(args.redis_url).path.strip("/") in ("", "0"):
+        parser.error("--redis-url: name a Redis db of its own (like /15); it is flushed at the end")
+
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    prefix = f"bench-{seed:08x}"
+    cfg = {
+        "seed": seed,
+        "prefix": prefix,
+        "batch": args.batch,
+        "per_client": split(args.events, args.clients),
+        "pool": max(1, round(args.batch * 0.04)),  # ~50 distinct runs in a batch of 1,000
+        "port": args.port,
+        "timeout": args.timeout,
+        "request_timeout": min(args.request_timeout, args.timeout),
+        "database_url": args.database_url,
+    }
+    env = server_env(args)
+    failed = 0
+    rest: dict = {}
+    par: dict = {}
+    single: dict = {}
+    server: Server | None = None
+    spy: subprocess.Popen | None = None
+    notes: list[str] = []
+    try:
+        if not port_free(args.port):
+            raise SetupError(f"port {args.port} on {HOST} is in use")
+        ensure_database(args.database_url)
+        manage(env, "migrate", "--noinput", "-v", "0")
+        reset_tables(args.database_url)
+        key = manage(env, "create_api_key", TENANT, "--scopes", "ingest,read", "--name", "bench").strip()
+        with psycopg.connect(args.database_url) as conn:
+            tenant_id = conn.execute("SELECT id FROM ingest_tenant WHERE slug = %s", (TENANT,)).fetchone()[0]
+            pg_version = conn.execute("SHOW server_version").fetchone()[0]
+            sync_commit = conn.execute("SHOW synchronous_commit").fetchone()[0]
+            shared_buffers = conn.execute("SHOW shared_buffers").fetchone()[0]
+        redis_purge(args.redis_url)
+
+        # --- REST ---
+        server = Server(args, env, key)
+        server.wait_ready()
+        workers = server.worker_pids()
+        checkpoint(args.database_url)
+        if args.py_spy:
+            out = Path(args.py_spy)
+            fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(out.suffix, "raw")
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(workers[0]), "--idle",
+                 "--format", fmt, "-o", str(out), "--rate", "200"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            )
+            time.sleep(1.0)
+        print(f"REST: {args.events} events, batches of {args.batch}, {args.clients} clients, "
+              f"{args.workers} workers (pids {workers}), seed {seed} ...", flush=True)
+        phase = run_phase(rest_client, [(i, cfg, key) for i in range(args.clients)], args.timeout, workers)
+        rest = summarise(phase)
+        rest["phase"] = phase
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            try:
+                _, err = spy.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                _, err = spy.communicate()
+            notes.append(f"py-spy profile of worker {workers[0]}: {args.py_spy} (exit {spy.returncode})")
+            spy = None
+        failed_batches = sum(r["failed_batches"] for r in rest["ok"])
+        failed_events = sum(r["failed_events"] for r in rest["ok"])
+        for r in rest["ok"]:
+            for line in r["failures"]:
+                print(f"  client {r['idx']}: {line}", file=sys.stderr)
+        for err in rest["errors"]:
+            print(f"  client error: {err}", file=sys.stderr)
+        lost = args.events - sum(r["events"] for r in rest["ok"])  # clients that crashed or never reported
+        failed = failed_batches + (lost + args.batch - 1) // args.batch
+        rest["failed_batches"] = failed
+        rest["failed_events"] = failed_events + lost
+        rest["bytes"] = sum(r["bytes"] for r in rest["ok"])
+        rest["queued"] = redis_queued(args.redis_url)
+        server.stop()
+        server = None
+        rest_sums = stored_sums(args.database_url, prefix=prefix)
+        if rest_sums[0] != args.events - rest["failed_events"]:
+            notes.append(f"ingest_event holds {rest_sums[0]} rows of this run, expected "
+                         f"{args.events - rest['failed_events']}")
+
+        # --- COPY ceiling ---
+        if not args.skip_ceiling:
+            with psycopg.connect(args.database_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE ingest_event INCLUDING ALL)").format(
+                    sql.Identifier(CEILING_TABLE)))
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
+            checkpoint(args.database_url)
+            print(f"COPY ceiling: {args.clients} processes ...", flush=True)
+            phase = run_phase(copy_client, [([i], cfg, tenant_id) for i in range(args.clients)], args.timeout)
+            par = summarise(phase)
+            par["phase"] = phase
+            ceiling_sums = stored_sums(args.database_url)
+            if rest_sums != ceiling_sums and not rest["failed_events"]:
+                notes.append(f"the ceiling rows differ from the REST rows: {ceiling_sums} vs {rest_sums}")
+            elif not rest["failed_events"]:
+                notes.append(f"checked: bench_ceiling holds the same {ceiling_sums[0]} rows as ingest_event "
+                             "(count, sum of seq, checksum of seq|event_id|type|ts|body)")
+            with psycopg.connect(args.database_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
+            checkpoint(args.database_url)
+            print("COPY ceiling: 1 process ...", flush=True)
+            phase = run_phase(copy_client, [(list(range(args.clients)), cfg, tenant_id)], args.timeout)
+            single = summarise(phase)
+            single["phase"] = phase
+            for part in (par, single):
+                for err in part["errors"]:
+                    print(f"  ceiling error: {err}", file=sys.stderr)
+                short = sum(r["expected"] - r["events"] for r in part["ok"]) + (args.events if not part["ok"] else 0)
+                if short or part["errors"]:
+                    failed += 1
+                    notes.append("the ceiling did not copy every row (error or hard timeout)")
+    except SetupError as exc:
+        print(f"SETUP ERROR: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if spy is not None and spy.poll() is None:
+            spy.kill()
+        if server is not None:
+            server.stop()
+        with contextlib.suppress(Exception):
+            with psycopg.connect(args.database_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
+        with contextlib.suppress(Exception):
+            purged = redis_purge(args.redis_url)
+            notes.append(f"purged Redis {args.redis_url} ({purged} keys)")
+
+    report(args, rest, par, single, pg_version, sync_commit, shared_buffers, notes)
+    return 1 if failed else 0
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:8.1f} ms"
+
+
+def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, notes) -> None:
+    events_ok = rest["events"]
+    mean_size = rest["bytes"] / max(1, sum(r["events"] for r in rest["ok"]))
+    phase = rest["phase"]
+    line = "-" * 74
+    print()
+    print(line)
+    print(f"{'loopwatch ingest benchmark':<40}{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC")
+    print(line)
+    print(f"environment      : {os.cpu_count()} cores, PostgreSQL {pg_version} (synchronous_commit={sync_commit}, "
+          f"shared_buffers={shared_buffers}), Python {sys.version.split()[0]}")
+    print(f"load             : {args.events} events, mean {mean_size:.0f} bytes (orjson), batch {args.batch}, "
+          f"clients {args.clients}, workers {args.workers}")
+    print(line)
+    print(f"{'REST ingest':<34}{rest['rate']:>10,.0f} events/s   ({events_ok} in {rest['wall']:.2f} s)")
+    print(f"{'  batch latency p50 / p99':<34}{_ms(percentile(rest['latencies'], 0.5))} / "
+          f"{_ms(percentile(rest['latencies'], 0.99)).strip()}")
+    if par:
+        print(f"{f'COPY ceiling, {args.clients} processes':<34}{par['rate']:>10,.0f} rows/s     "
+              f"({par['events']} in {par['wall']:.2f} s; txn p50 {_ms(percentile(par['latencies'], 0.5)).strip()})")
+        print(f"{'COPY ceiling, 1 process':<34}{single['rate']:>10,.0f} rows/s     "
+              f"({single['events']} in {single['wall']:.2f} s; txn p50 "
+              f"{_ms(percentile(single['latencies'], 0.5)).strip()})")
+        ratio = rest["rate"] / par["rate"] if par["rate"] else 0.0
+        ratio1 = rest["rate"] / single["rate"] if single["rate"] else 0.0
+        verdict = "meets" if ratio >= TARGET else "BELOW"
+        print(f"{'ratio REST / COPY (parallel)':<34}{ratio:>10.0%}   {verdict} the target of {TARGET:.0%}")
+        print(f"{'ratio REST / COPY (1 process)':<34}{ratio1:>10.0%}")
+    print(line)
+    n = max(1, events_ok)
+    busy = phase["busy"]
+    print(f"CPU during REST  : machine {busy / max(phase['total'], 1e-9):.0%} busy; per event: server workers "
+          f"{phase['watched_cpu'] / n * 1e6:.0f} us, clients {rest['client_cpu'] / n * 1e6:.0f} us, "
+          f"rest (PostgreSQL, ...) {(busy - phase['watched_cpu'] - rest['client_cpu']) / n * 1e6:.0f} us")
+    if par:
+        pp = par["phase"]
+        m = max(1, par["events"])
+        print(f"CPU during COPY  : machine {pp['busy'] / max(pp['total'], 1e-9):.0%} busy; per row: clients "
+              f"{par['client_cpu'] / m * 1e6:.0f} us, PostgreSQL backends {par['pg_cpu'] / m * 1e6:.0f} us")
+    print(f"detection tasks queued in Redis: {rest['queued']}")
+    if rest["failed_batches"]:
+        print(line)
+        print(f"!!! FAILED: {rest['failed_batches']} batches ({rest['failed_events']} events) were not fully "
+              "accepted — see the messages above !!!")
+    print(line)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"note: the database {urlsplit(args.database_url).path.lstrip('/')} stays (ingest_event keeps this "
+          f"run's rows; {CEILING_TABLE} was emptied); the next run empties both first")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Settings come from the environment; bad values stop start-up with a message naming the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from loopwatch.env import database_from_url, env_bool, env_int, redis_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(**env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")}
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+         "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_TASK_ALWAYS_EAGER, "
+         "settings.CHANNEL_LAYERS['default']['BACKEND'])"],
+        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "loopwatch.settings", **env},
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_no_environment_is_the_embedded_default():
+    done = _start()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["django.db.backends.sqlite3", "True", "channels.layers.InMemoryChannelLayer"]
+
+
+def test_database_and_redis_urls_switch_to_the_real_servers():
+    done = _start(DATABASE_URL="postgres://u:p@db.example:5433/lw", REDIS_URL="redis://cache:6379/2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["django.db.backends.postgresql", "False", "channels_redis.core.RedisChannelLayer"]
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"DEBUG": "false"}, "SECRET_KEY"),
+        ({"DEBUG": "maybe"}, "DEBUG"),
+        ({"DATABASE_URL": "mysql://x/y"}, "DATABASE_URL"),
+        ({"DATABASE_URL": "postgres://host:notaport/db"}, "DATABASE_URL"),
+        ({"DATABASE_URL": "postgres://host/"}, "DATABASE_URL"),
+        ({"REDIS_URL": "http://cache"}, "REDIS_URL"),
+        ({"LOOPWATCH_MAX_BATCH_EVENTS": "lots"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
+        ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
+        ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_the_variable(env, named):
+    done = _start(**env)
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and named in done.stderr.splitlines()[-1]
+
+
+def test_debug_off_with_a_secret_of_ones_own_starts():
+    assert _start(DEBUG="false", SECRET_KEY="s3cret-for-the-test").returncode == 0
+
+
+def test_env_helpers():
+    assert env_bool("X", False, environ={"X": "Yes"}) is True
+    assert env_int("X", 5, environ={}) == 5
+    with pytest.raises(ImproperlyConfigured, match="X"):
+        env_int("X", 5, minimum=10, environ={"X": "3"})
+    db = database_from_url("DATABASE_URL", "postgresql://us%40er:p%2Fw@h:6432/name?sslmode=require")
+    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == ("us@er", "p/w", "h", "6432", "name")
+    assert db["OPTIONS"] == {"sslmode": "require"}
+    assert database_from_url("D", "sqlite:////tmp/x.db")["NAME"] == "/tmp/x.db"
+    assert redis_url("R", "redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
