@@ -22,3 +22,6 @@ class Membership(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.role} of {self.tenant_id}"

@@ -21,7 +21,9 @@ def overview_figures(*, tenants: QuerySet[Tenant]) -> dict:
         cost=Sum("cost_usd"),
     )
     by_backend = list(
-        runs.values("backend").annotate(runs=Count("pk"), cost=Sum("cost_usd"), rounds=Sum("rounds")).order_by("backend")
+        runs.values("backend")
+        .annotate(runs=Count("pk"), cost=Sum("cost_usd"), rounds=Sum("rounds"))
+        .order_by("backend")
     )
     recent = runs.order_by("-last_event_at")[:25]
     return {"totals": totals, "by_backend": by_backend, "recent": recent}

@@ -34,7 +34,17 @@ class BackendAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ["run_id", "tenant", "agent", "backend", "model", "task_type", "status", "rounds", "cost_usd"]
+    list_display = [
+        "run_id",
+        "tenant",
+        "agent",
+        "backend",
+        "model",
+        "task_type",
+        "status",
+        "rounds",
+        "cost_usd",
+    ]
     list_filter = ["tenant", "backend", "status", "task_type"]
     search_fields = ["run_id"]
     readonly_fields = [f.name for f in Run._meta.fields]

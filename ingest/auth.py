@@ -11,6 +11,7 @@ from ingest.services import api_key_hash
 # last_used_at is written at most this often per key, not on every request.
 LAST_USED_RESOLUTION_S = 60
 
+
 def api_key_lookup(raw: str) -> ApiKey | None:
     """The active key for a raw bearer token, or None."""
     if not raw or len(raw) > 200:
@@ -23,11 +24,13 @@ def api_key_lookup(raw: str) -> ApiKey | None:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
     return key
 
+
 def bearer_token(header: str) -> str | None:
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() != "bearer":
         return None
     return parts[1]
+
 
 class ApiClient:
     """request.user for API calls: the key's tenant speaking through the key."""
@@ -61,8 +64,10 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
     def authenticate_header(self, request) -> str:
         return 'Bearer realm="loopwatch"'
 
+
 def scope_permission(scope: str) -> type[permissions.BasePermission]:
     scope = str(scope.value if hasattr(scope, "value") else scope)
+
     class HasScope(permissions.BasePermission):
         message = f"Authorization: this API key lacks the {scope!r} scope"
 
@@ -73,6 +78,7 @@ def scope_permission(scope: str) -> type[permissions.BasePermission]:
 
     HasScope.__name__ = f"Has{scope.title()}Scope"
     return HasScope
+
 
 HasIngestScope = scope_permission(ApiKey.Scope.INGEST)
 HasReadScope = scope_permission(ApiKey.Scope.READ)

@@ -37,7 +37,9 @@ class EventsConsumer(AsyncWebsocketConsumer):
             raw = bearer_token(header)
             key = await database_sync_to_async(api_key_lookup)(raw) if raw else None
             if key is None:
-                await self.close(code=CLOSE_UNAUTHENTICATED, reason="Authorization: unknown or revoked API key")
+                await self.close(
+                    code=CLOSE_UNAUTHENTICATED, reason="Authorization: unknown or revoked API key"
+                )
                 return
             if not await self._authorize(key):
                 return
@@ -48,13 +50,15 @@ class EventsConsumer(AsyncWebsocketConsumer):
 
     def _auth_expired(self) -> None:
         if self.key is None:
-            asyncio.ensure_future(
+            self._closing = asyncio.ensure_future(
                 self.close(code=CLOSE_UNAUTHENTICATED, reason=f"no auth message within {AUTH_TIMEOUT_S}s")
             )
 
     async def _authorize(self, key: ApiKey) -> bool:
         if ApiKey.Scope.INGEST not in key.scopes:
-            await self.close(code=CLOSE_FORBIDDEN, reason="Authorization: this API key lacks the 'ingest' scope")
+            await self.close(
+                code=CLOSE_FORBIDDEN, reason="Authorization: this API key lacks the 'ingest' scope"
+            )
             return False
         self.key = key
         return True
@@ -73,13 +77,19 @@ class EventsConsumer(AsyncWebsocketConsumer):
         ack = self.acks
         if len(raw) > settings.LOOPWATCH_MAX_BODY_BYTES:
             await self._send(
-                {"ack": ack, "error": "body_too_large", "detail": f"message: over {settings.LOOPWATCH_MAX_BODY_BYTES} bytes"}
+                {
+                    "ack": ack,
+                    "error": "body_too_large",
+                    "detail": f"message: over {settings.LOOPWATCH_MAX_BODY_BYTES} bytes",
+                }
             )
             return
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            await self._send({"ack": ack, "error": "invalid_json", "detail": f"message: not valid JSON ({exc})"})
+            await self._send(
+                {"ack": ack, "error": "invalid_json", "detail": f"message: not valid JSON ({exc})"}
+            )
             return
         events: list[Any] = data if isinstance(data, list) else [data]
         try:
@@ -97,9 +107,7 @@ class EventsConsumer(AsyncWebsocketConsumer):
             message = None
         token = message.get("auth") if isinstance(message, dict) else None
         if not isinstance(token, str):
-            await self.close(
-                code=CLOSE_UNAUTHENTICATED, reason='first message must be {"auth": "<api key>"}'
-            )
+            await self.close(code=CLOSE_UNAUTHENTICATED, reason='first message must be {"auth": "<api key>"}')
             return
         key = await database_sync_to_async(api_key_lookup)(token)
         if key is None:

@@ -125,7 +125,8 @@ class Event(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False, related_name="events")
     seq = models.PositiveIntegerField()
-    event_id = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "": the unique (run, event_id) index must skip events sent without an id.
+    event_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     type = models.CharField(max_length=16)
     ts = models.DateTimeField()
     body = models.JSONField()
@@ -134,9 +135,14 @@ class Event(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="event_run_seq_uniq"),
             models.UniqueConstraint(
-                fields=["run", "event_id"], condition=Q(event_id__isnull=False), name="event_run_event_id_uniq"
+                fields=["run", "event_id"],
+                condition=Q(event_id__isnull=False),
+                name="event_run_event_id_uniq",
             ),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"
 
 
 class RunCursor(models.Model):
@@ -149,6 +155,9 @@ class RunCursor(models.Model):
     position = models.PositiveIntegerField(default=0)
     processed = models.PositiveIntegerField(default=0, help_text="Events processed, all passes together.")
     updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.position}"
 
 
 class ModelRound(models.Model):
@@ -166,6 +175,9 @@ class ModelRound(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="round_run_seq_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} round {self.round}"
 
 
 class ToolCall(models.Model):
@@ -201,6 +213,9 @@ class ToolCall(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="call_run_seq_uniq")]
         indexes = [models.Index(fields=["run", "call_id"], name="call_run_call_id")]
 
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.tool}#{self.call_id}"
+
 
 class PendingResult(models.Model):
     """A tool_result that arrived before its tool_call; joined when the call comes."""
@@ -212,3 +227,6 @@ class PendingResult(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["run", "call_id", "seq"], name="pending_run_call")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} result for {self.call_id}"

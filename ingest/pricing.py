@@ -33,9 +33,9 @@ class PriceBook:
         }
         self._prices: dict[tuple[str, str], tuple[Decimal, Decimal]] = {
             (backend, model): (pin, pout)
-            for backend, model, pin, pout in ModelPrice.objects.filter(backend__name__in=backends).values_list(
-                "backend__name", "model", "input_usd_per_mtok", "output_usd_per_mtok"
-            )
+            for backend, model, pin, pout in ModelPrice.objects.filter(
+                backend__name__in=backends
+            ).values_list("backend__name", "model", "input_usd_per_mtok", "output_usd_per_mtok")
         }
 
     def price(self, backend: str, model: str) -> Price:

@@ -31,7 +31,14 @@ ERROR_CLASSES = (
 )
 RUN_STATUSES = ("succeeded", "failed", "truncated", "abandoned")
 TERMINATED_BY = ("budget", "loop", "user", "error")
-BUDGET_KEYS = ("max_rounds", "max_tool_calls", "max_same_tool_retries", "max_tokens", "max_cost_usd", "max_wall_s")
+BUDGET_KEYS = (
+    "max_rounds",
+    "max_tool_calls",
+    "max_same_tool_retries",
+    "max_tokens",
+    "max_cost_usd",
+    "max_wall_s",
+)
 MAX_INT = 2**31 - 1  # the database's integer column
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
@@ -73,7 +80,9 @@ def _type_name(value: Any) -> str:
     return "an object"
 
 
-def _string(ev: dict, key: str, *, required: bool = False, min_len: int = 0, max_len: int | None = None) -> None:
+def _string(
+    ev: dict, key: str, *, required: bool = False, min_len: int = 0, max_len: int | None = None
+) -> None:
     if key not in ev:
         if required:
             raise EventError(key, "is required")
@@ -82,12 +91,16 @@ def _string(ev: dict, key: str, *, required: bool = False, min_len: int = 0, max
     if not isinstance(value, str):
         raise EventError(key, f"must be a string, not {_type_name(value)}")
     if len(value) < min_len:
-        raise EventError(key, "must not be empty" if min_len == 1 else f"must be at least {min_len} characters")
+        raise EventError(
+            key, "must not be empty" if min_len == 1 else f"must be at least {min_len} characters"
+        )
     if max_len is not None and len(value) > max_len:
         raise EventError(key, f"must be at most {max_len} characters (got {len(value)})")
 
 
-def _integer(ev: dict, key: str, *, required: bool = False, minimum: int = 0, path: str | None = None) -> None:
+def _integer(
+    ev: dict, key: str, *, required: bool = False, minimum: int = 0, path: str | None = None
+) -> None:
     if key not in ev:
         if required:
             raise EventError(path or key, "is required")
@@ -104,7 +117,9 @@ def _integer(ev: dict, key: str, *, required: bool = False, minimum: int = 0, pa
         raise EventError(path or key, f"must be at most {MAX_INT} (got {value})")
 
 
-def _number(ev: dict, key: str, *, minimum: float = 0, exclusive: bool = False, path: str | None = None) -> None:
+def _number(
+    ev: dict, key: str, *, minimum: float = 0, exclusive: bool = False, path: str | None = None
+) -> None:
     if key not in ev:
         return
     value = ev[key]

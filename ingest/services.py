@@ -93,7 +93,13 @@ class EventTooLarge(Exception):
 
 def _rejected(index: int, field_name: str, reason: str) -> Verdict:
     path = f"[{index}].{field_name}" if field_name else f"[{index}]"
-    return {"index": index, "status": "rejected", "field": path, "reason": reason, "error": f"{path}: {reason}"}
+    return {
+        "index": index,
+        "status": "rejected",
+        "field": path,
+        "reason": reason,
+        "error": f"{path}: {reason}",
+    }
 
 
 @dataclass
@@ -172,9 +178,9 @@ def _store(tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None]) 
     stored: set[tuple[int, str]] = set()
     if event_ids:
         stored = set(
-            Event.objects.filter(run_id__in=[r.pk for r in runs.values()], event_id__in=event_ids).values_list(
-                "run_id", "event_id"
-            )
+            Event.objects.filter(
+                run_id__in=[r.pk for r in runs.values()], event_id__in=event_ids
+            ).values_list("run_id", "event_id")
         )
     rows: list[tuple] = []
     unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -332,9 +338,9 @@ def _materialize(run_pk: int, events: list[tuple[int, str, datetime, dict]]) -> 
     call_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_call"}
     # Unanswered calls stored earlier, oldest first: a stack per call_id (the newest answers first).
     open_calls: dict[str, list[ToolCall]] = defaultdict(list)
-    for call in ToolCall.objects.filter(run_id=run_pk, call_id__in=result_ids, result_seq__isnull=True).order_by(
-        "seq"
-    ):
+    for call in ToolCall.objects.filter(
+        run_id=run_pk, call_id__in=result_ids, result_seq__isnull=True
+    ).order_by("seq"):
         open_calls[call.call_id].append(call)
     # Results that came before their call, oldest first: a queue per call_id.
     waiting: dict[str, list[PendingResult]] = defaultdict(list)

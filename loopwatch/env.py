@@ -32,9 +32,7 @@ def env_bool(name: str, default: bool, *, environ: Mapping[str, str] = os.enviro
     raise ImproperlyConfigured(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
 
 
-def env_int(
-    name: str, default: int, *, minimum: int = 0, environ: Mapping[str, str] = os.environ
-) -> int:
+def env_int(name: str, default: int, *, minimum: int = 0, environ: Mapping[str, str] = os.environ) -> int:
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return default

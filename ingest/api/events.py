@@ -164,5 +164,3 @@ class EventsIngestApi(APIView):
         if payload["rejected"]:
             code = 422 if payload["rejected"] == len(events) else 207
         return HttpResponse(orjson.dumps(payload), status=code, content_type="application/json")
-
-

@@ -19,7 +19,9 @@ def _int_param(request, name: str, default: int, *, minimum: int, maximum: int) 
     if raw is None:
         return default
     if not raw.isdigit() or not (minimum <= int(raw) <= maximum):
-        raise ApiError(400, "invalid_parameter", f"{name}: must be an integer from {minimum} to {maximum}", name)
+        raise ApiError(
+            400, "invalid_parameter", f"{name}: must be an integer from {minimum} to {maximum}", name
+        )
     return int(raw)
 
 
@@ -58,7 +60,8 @@ class RunListApi(APIView):
     @extend_schema(
         operation_id="runs_list",
         parameters=[
-            OpenApiParameter(name, str, required=False) for name in ("status", "backend", "task_type", "agent")
+            OpenApiParameter(name, str, required=False)
+            for name in ("status", "backend", "task_type", "agent")
         ]
         + [OpenApiParameter("limit", int, required=False)],
         responses=RunOutputSerializer(many=True),
@@ -90,7 +93,10 @@ class RunEventsApi(APIView):
 
     @extend_schema(
         operation_id="runs_events",
-        parameters=[OpenApiParameter("after", int, required=False), OpenApiParameter("limit", int, required=False)],
+        parameters=[
+            OpenApiParameter("after", int, required=False),
+            OpenApiParameter("limit", int, required=False),
+        ],
         responses=EventOutputSerializer(many=True),
     )
     def get(self, request, run_id: str):
@@ -99,4 +105,6 @@ class RunEventsApi(APIView):
             raise ApiError(404, "not_found", f"run_id: no run {run_id!r} for this API key's tenant", "run_id")
         after = _int_param(request, "after", 0, minimum=0, maximum=2**31 - 1)
         limit = _int_param(request, "limit", MAX_PAGE, minimum=1, maximum=MAX_PAGE)
-        return Response(EventOutputSerializer(run_events(run=run, after_seq=after, limit=limit), many=True).data)
+        return Response(
+            EventOutputSerializer(run_events(run=run, after_seq=after, limit=limit), many=True).data
+        )

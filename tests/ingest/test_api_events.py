@@ -6,7 +6,8 @@ from decimal import Decimal
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from ingest.models import ApiKey, Backend, Event, ModelPrice, Run, RunCursor, ToolCall
@@ -44,9 +45,13 @@ def test_it_stores_a_run_and_keeps_its_figures_current(api, key, tenant):
     assert run.budgets == {"max_rounds": 5} and run.labels == {"prompt_version": "7"}
     assert (run.backend, run.model, run.agent, run.task_type) == ("openai", "gpt-4o", "shop", "order_lookup")
     assert run.status == "running" and run.finished_at is None
-    assert list(Event.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)) == list(range(1, 8))
+    assert list(Event.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)) == list(
+        range(1, 8)
+    )
 
-    response = api.post(URL, [run_finished(status="truncated", terminated_by="budget", budget_type="max_rounds")], key)
+    response = api.post(
+        URL, [run_finished(status="truncated", terminated_by="budget", budget_type="max_rounds")], key
+    )
     run.refresh_from_db()
     assert (run.status, run.terminated_by, run.budget_type) == ("truncated", "budget", "max_rounds")
     assert run.finished_at is not None and run.events_count == 8
@@ -54,7 +59,9 @@ def test_it_stores_a_run_and_keeps_its_figures_current(api, key, tenant):
 
 def test_it_prices_rounds_without_a_cost_from_the_table_with_the_backend_markup(api, key, tenant):
     backend = Backend.objects.create(name="deepseek", markup=Decimal("1.3"))
-    ModelPrice.objects.create(backend=backend, model="deepseek-chat", input_usd_per_mtok=1, output_usd_per_mtok=4)
+    ModelPrice.objects.create(
+        backend=backend, model="deepseek-chat", input_usd_per_mtok=1, output_usd_per_mtok=4
+    )
     ModelPrice.objects.create(backend=backend, model="", input_usd_per_mtok=10, output_usd_per_mtok=10)
     api.post(URL, [run_started(backend="deepseek", model="deepseek-chat"), model_round()], key)
     api.post(URL, [run_started("r2", backend="deepseek", model="other"), model_round("r2")], key)
@@ -80,7 +87,14 @@ def test_a_mixed_batch_stores_the_valid_events_and_names_each_bad_field(api, key
     body = response.json()
     assert (body["accepted"], body["rejected"]) == (3, 3)
     verdicts = body["results"]
-    assert [v["status"] for v in verdicts] == ["accepted", "rejected", "accepted", "rejected", "rejected", "accepted"]
+    assert [v["status"] for v in verdicts] == [
+        "accepted",
+        "rejected",
+        "accepted",
+        "rejected",
+        "rejected",
+        "accepted",
+    ]
     assert verdicts[1]["error"] == "[1].args: must be an object, not an array"
     assert verdicts[1]["field"] == "[1].args"
     assert verdicts[3]["error"] == "[3].ts: is required"
@@ -164,7 +178,10 @@ def test_limits_answer_413_and_store_nothing(api, key, settings):
 def test_a_nul_character_is_rejected_with_its_path(api, key):
     response = api.post(URL, [run_started(), tool_result(result={"rows": ["ok", "bad\x00"]})], key)
     assert response.status_code == 207
-    assert response.json()["results"][1]["error"] == "[1].result.rows[1]: must not contain the character U+0000 (NUL)"
+    assert (
+        response.json()["results"][1]["error"]
+        == "[1].result.rows[1]: must not contain the character U+0000 (NUL)"
+    )
 
 
 def test_a_5000_event_batch_is_stored_whole(api, key, tenant):
@@ -232,7 +249,9 @@ def test_a_key_reads_nothing_of_another_tenant(api, tenant, other_tenant, make_k
 
 
 def test_a_run_started_naming_another_tenant_is_rejected(api, tenant, make_key):
-    response = api.post(URL, [run_started(tenant="globex"), run_started("r2", tenant="acme")], make_key(tenant))
+    response = api.post(
+        URL, [run_started(tenant="globex"), run_started("r2", tenant="acme")], make_key(tenant)
+    )
     verdicts = response.json()["results"]
     assert verdicts[0]["error"] == "[0].tenant: must be the API key's tenant 'acme' or left out"
     assert verdicts[1]["status"] == "accepted"
@@ -243,9 +262,15 @@ def test_a_run_started_naming_another_tenant_is_rejected(api, tenant, make_key):
 
 
 def test_results_join_the_most_recent_unanswered_call_even_across_batches(api, key):
-    api.post(URL, [run_started(), tool_call(call_id="a", args={"q": 1}), tool_call(call_id="a", args={"q": 2})], key)
+    api.post(
+        URL,
+        [run_started(), tool_call(call_id="a", args={"q": 1}), tool_call(call_id="a", args={"q": 2})],
+        key,
+    )
     api.post(URL, [tool_result(call_id="a", result="second")], key)
-    api.post(URL, [tool_result(call_id="a", result="first"), tool_result(call_id="late", result="early")], key)
+    api.post(
+        URL, [tool_result(call_id="a", result="first"), tool_result(call_id="late", result="early")], key
+    )
     api.post(URL, [tool_call(call_id="late", args={"q": 3})], key)
     calls = {c.args["q"]: c.result for c in ToolCall.objects.all()}
     assert calls == {1: "first", 2: "second", 3: "early"}
@@ -259,11 +284,29 @@ def test_results_join_the_most_recent_unanswered_call_even_across_batches(api, k
     body=st.one_of(
         st.binary(max_size=200),
         st.recursive(
-            st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8)),
+            st.one_of(
+                st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8)
+            ),
             lambda inner: st.one_of(
-                st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(
-                    ["type", "run_id", "ts", "round", "args", "call_id", "status", "tool", "event_id", "x"]
-                ), inner, max_size=6)
+                st.lists(inner, max_size=4),
+                st.dictionaries(
+                    st.sampled_from(
+                        [
+                            "type",
+                            "run_id",
+                            "ts",
+                            "round",
+                            "args",
+                            "call_id",
+                            "status",
+                            "tool",
+                            "event_id",
+                            "x",
+                        ]
+                    ),
+                    inner,
+                    max_size=6,
+                ),
             ),
             max_leaves=20,
         ).map(orjson.dumps),

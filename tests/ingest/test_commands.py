@@ -24,4 +24,6 @@ def test_create_api_key_prints_the_key_once_and_revoke_api_key_ends_it():
 
 def test_create_api_key_refuses_an_unknown_scope():
     with pytest.raises(CommandError, match="--scopes"):
-        call_command("create_api_key", "acme", "--scopes", "ingest,admin", stdout=StringIO(), stderr=StringIO())
+        call_command(
+            "create_api_key", "acme", "--scopes", "ingest,admin", stdout=StringIO(), stderr=StringIO()
+        )

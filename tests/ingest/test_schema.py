@@ -147,7 +147,11 @@ BAD = [
     (_with("run_started", budgets={"max_rounds": 0}), "budgets.max_rounds", "at least 1"),
     (_with("run_started", budgets={"max_tool_calls": 2.5}), "budgets.max_tool_calls", "must be an integer"),
     (_with("run_started", budgets={"max_tokens": True}), "budgets.max_tokens", "must be an integer"),
-    (_with("run_started", budgets={"max_same_tool_retries": -1}), "budgets.max_same_tool_retries", "at least 0"),
+    (
+        _with("run_started", budgets={"max_same_tool_retries": -1}),
+        "budgets.max_same_tool_retries",
+        "at least 0",
+    ),
     (_with("run_started", budgets={"max_cost_usd": 0}), "budgets.max_cost_usd", "greater than 0"),
     (_with("run_started", budgets={"max_wall_s": "60"}), "budgets.max_wall_s", "must be a number"),
     (_with("run_started", labels=["a"]), "labels", "must be an object"),
@@ -188,14 +192,24 @@ BAD = [
     (_with("tool_result", external_request_id="r" * 501), "external_request_id", "at most 500"),
     # run_finished
     (_with("run_finished", status=...), "status", "is required"),
-    (_with("run_finished", status="done"), "status", "must be one of succeeded, failed, truncated, abandoned"),
-    (_with("run_finished", terminated_by="timeout"), "terminated_by", "must be one of budget, loop, user, error"),
+    (
+        _with("run_finished", status="done"),
+        "status",
+        "must be one of succeeded, failed, truncated, abandoned",
+    ),
+    (
+        _with("run_finished", terminated_by="timeout"),
+        "terminated_by",
+        "must be one of budget, loop, user, error",
+    ),
     (_with("run_finished", budget_type=["x"]), "budget_type", "must be a string"),
     (_with("run_finished", reason=1), "reason", "must be a string"),
 ]
 
 
-@pytest.mark.parametrize(("event", "field", "reason"), BAD, ids=[f"{b[1] or 'event'}-{i}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    ("event", "field", "reason"), BAD, ids=[f"{b[1] or 'event'}-{i}" for i, b in enumerate(BAD)]
+)
 def test_it_names_the_field_and_the_reason(event, field, reason):
     got_field, got_reason = _error(event)
     assert got_field == field
@@ -216,11 +230,17 @@ def test_the_result_may_be_any_json():
 # --- agreement with the JSON Schema on generated events ---------------------------------
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 2**31 - 1), st.floats(-5, 1e6, allow_nan=False), st.text(max_size=5)
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 2**31 - 1),
+    st.floats(-5, 1e6, allow_nan=False),
+    st.text(max_size=5),
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 

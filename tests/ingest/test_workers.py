@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.real_workers, pytest.mark.django_db(transaction=True)]
 
 def _database_url() -> str:
     s = connection.settings_dict
-    return f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    return (
+        f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    )
 
 
 @pytest.fixture
@@ -38,9 +40,27 @@ def workers(needs_postgres, needs_redis, tmp_path):
     procs, logs = [], []
     for i in range(2):
         log = tmp_path / f"worker{i}.log"
-        cmd = [sys.executable, "-m", "celery", "-A", "loopwatch", "worker", "-Q", queue, "-c", "1",
-               "-P", "prefork", "-n", f"w{i}-{queue}@%h", "--without-gossip", "--without-mingle",
-               "--without-heartbeat", "-l", "INFO"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "loopwatch",
+            "worker",
+            "-Q",
+            queue,
+            "-c",
+            "1",
+            "-P",
+            "prefork",
+            "-n",
+            f"w{i}-{queue}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "INFO",
+        ]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT))
         logs.append(log)
     previous = app.conf.task_default_queue
@@ -83,7 +103,11 @@ def test_two_workers_process_each_run_once_and_in_order(workers, tenant):
     assert len(runs) == RUNS
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        behind = [c for c in RunCursor.objects.filter(run__in=runs).select_related("run") if c.position < c.run.events_count]
+        behind = [
+            c
+            for c in RunCursor.objects.filter(run__in=runs).select_related("run")
+            if c.position < c.run.events_count
+        ]
         if not behind:
             break
         time.sleep(0.5)

@@ -16,26 +16,43 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start(**env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")}
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")
+    }
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
-         "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_TASK_ALWAYS_EAGER, "
-         "settings.CHANNEL_LAYERS['default']['BACKEND'])"],
-        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "loopwatch.settings", **env},
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_TASK_ALWAYS_EAGER, "
+            "settings.CHANNEL_LAYERS['default']['BACKEND'])",
+        ],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "loopwatch.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
 def test_no_environment_is_the_embedded_default():
     done = _start()
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["django.db.backends.sqlite3", "True", "channels.layers.InMemoryChannelLayer"]
+    assert done.stdout.split() == [
+        "django.db.backends.sqlite3",
+        "True",
+        "channels.layers.InMemoryChannelLayer",
+    ]
 
 
 def test_database_and_redis_urls_switch_to_the_real_servers():
     done = _start(DATABASE_URL="postgres://u:p@db.example:5433/lw", REDIS_URL="redis://cache:6379/2")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["django.db.backends.postgresql", "False", "channels_redis.core.RedisChannelLayer"]
+    assert done.stdout.split() == [
+        "django.db.backends.postgresql",
+        "False",
+        "channels_redis.core.RedisChannelLayer",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -68,7 +85,13 @@ def test_env_helpers():
     with pytest.raises(ImproperlyConfigured, match="X"):
         env_int("X", 5, minimum=10, environ={"X": "3"})
     db = database_from_url("DATABASE_URL", "postgresql://us%40er:p%2Fw@h:6432/name?sslmode=require")
-    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == ("us@er", "p/w", "h", "6432", "name")
+    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
+        "us@er",
+        "p/w",
+        "h",
+        "6432",
+        "name",
+    )
     assert db["OPTIONS"] == {"sslmode": "require"}
     assert database_from_url("D", "sqlite:////tmp/x.db")["NAME"] == "/tmp/x.db"
     assert redis_url("R", "redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"

@@ -19,7 +19,9 @@ DEMO_PRICES = {
 
 
 class Command(BaseCommand):
-    help = "Create the demo tenant, the demo/demo staff user, list prices, and an API key (written to a file)."
+    help = (
+        "Create the demo tenant, the demo/demo staff user, list prices, and an API key (written to a file)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--key-file", type=Path, required=True, help="where to write the demo API key")
