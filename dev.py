@@ -96,7 +96,9 @@ def main() -> int:
     try:
         return up(argv) if command == "up" else test(argv)
     except subprocess.CalledProcessError as exc:
-        print(f"dev.py: {' '.join(map(str, exc.cmd))} failed with exit code {exc.returncode}", file=sys.stderr)
+        print(
+            f"dev.py: {' '.join(map(str, exc.cmd))} failed with exit code {exc.returncode}", file=sys.stderr
+        )
         return exc.returncode or 1
 
 
