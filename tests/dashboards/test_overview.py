@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from dashboards.models import Membership
+from ingest.services import events_ingest
+from tests.ingest.events import model_round, run_started
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_overview_needs_a_login(client):
+    response = client.get("/")
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_the_overview_shows_only_the_users_tenants(client, tenant, other_tenant):
+    events_ingest(tenant=tenant, events=[run_started("mine"), model_round("mine")], max_event_bytes=1 << 20)
+    events_ingest(tenant=other_tenant, events=[run_started("theirs", backend="anthropic")], max_event_bytes=1 << 20)
+    user = get_user_model().objects.create_user("ana", password="pw")
+    Membership.objects.create(user=user, tenant=tenant)
+    client.force_login(user)
+    page = client.get("/").content.decode()
+    assert "mine" in page and "theirs" not in page and "anthropic" not in page
+    assert 'id="runs-total">1<' in page
+
+
+def test_the_overview_says_what_to_do_when_empty(client, tenant):
+    user = get_user_model().objects.create_user("ben", password="pw")
+    Membership.objects.create(user=user, tenant=tenant)
+    client.force_login(user)
+    assert "No traces yet" in client.get("/").content.decode()
