@@ -167,7 +167,9 @@ try:
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 except OSError:
     pass  # a read-only deployment runs collectstatic into a writable STATIC_ROOT itself
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("ingest.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
     path("", include("dashboards.urls")),

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 def test_the_overview_needs_a_login(client):
     response = client.get("/")
-    assert response.status_code == 302 and "/login/" in response["Location"]
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
 
 
 def test_the_overview_shows_only_the_users_tenants(client, tenant, other_tenant):
@@ -31,3 +31,12 @@ def test_the_overview_says_what_to_do_when_empty(client, tenant):
     Membership.objects.create(user=user, tenant=tenant)
     client.force_login(user)
     assert "No traces yet" in client.get("/").content.decode()
+
+
+def test_a_member_signs_in_through_the_login_page(client, tenant):
+    user = get_user_model().objects.create_user("cai", password="pw")
+    Membership.objects.create(user=user, tenant=tenant)
+    assert "Sign in" in client.get("/accounts/login/?next=/").content.decode()
+    response = client.post("/accounts/login/", {"username": "cai", "password": "pw", "next": "/"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert "Overview" in client.get("/").content.decode()
