@@ -81,8 +81,9 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": BASE_DIR / "var" / "loopwatch.sqlite3",
-            # WAL lets the demo's server and simulate read while the other writes.
-            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "timeout": 20},
+            # WAL lets readers go on while one writes; IMMEDIATE takes the write lock at BEGIN, so two
+            # concurrent batches for one run are serialised (SQLite has no SELECT ... FOR UPDATE).
+            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
     }
     (BASE_DIR / "var").mkdir(exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 import orjson
@@ -309,7 +310,7 @@ def test_results_join_the_most_recent_unanswered_call_even_across_batches(api, k
                 ),
             ),
             max_leaves=20,
-        ).map(orjson.dumps),
+        ).map(lambda value: json.dumps(value).encode()),
     )
 )
 def test_no_body_gives_a_500(api, key, body):
