@@ -17,7 +17,9 @@ def test_the_overview_needs_a_login(client):
 
 def test_the_overview_shows_only_the_users_tenants(client, tenant, other_tenant):
     events_ingest(tenant=tenant, events=[run_started("mine"), model_round("mine")], max_event_bytes=1 << 20)
-    events_ingest(tenant=other_tenant, events=[run_started("theirs", backend="anthropic")], max_event_bytes=1 << 20)
+    events_ingest(
+        tenant=other_tenant, events=[run_started("theirs", backend="anthropic")], max_event_bytes=1 << 20
+    )
     user = get_user_model().objects.create_user("ana", password="pw")
     Membership.objects.create(user=user, tenant=tenant)
     client.force_login(user)

@@ -69,7 +69,7 @@ def test_concurrent_batches_store_each_event_once_without_deadlock(needs_postgre
         for p in range(PROCESSES)
     ]
     outputs = [proc.communicate(timeout=120) for proc in procs]
-    for proc, (out, err) in zip(procs, outputs, strict=True):
+    for proc, (_out, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-3000:]
     expected = BATCHES * 4
     assert sum(int(out) for out, _ in outputs) == expected * len(RUNS)
