@@ -51,7 +51,15 @@ def up(argv: list[str]) -> int:
     sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE)
     key = DEMO_KEY_FILE.read_text().strip()
     server = subprocess.Popen(
-        [str(BIN / "uvicorn"), "loopwatch.asgi:application", "--host", "127.0.0.1", "--port", port],
+        [
+            str(BIN / "uvicorn"),
+            "loopwatch.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+            "--no-access-log",
+        ],
         cwd=ROOT,
     )
     time.sleep(1.5)

@@ -83,7 +83,11 @@ else:
             "NAME": BASE_DIR / "var" / "loopwatch.sqlite3",
             # WAL lets readers go on while one writes; IMMEDIATE takes the write lock at BEGIN, so two
             # concurrent batches for one run are serialised (SQLite has no SELECT ... FOR UPDATE).
-            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "timeout": 20, "transaction_mode": "IMMEDIATE"},
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL;",
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+            },
         }
     }
     (BASE_DIR / "var").mkdir(exist_ok=True)
@@ -180,5 +184,9 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Eager mode would log every task of every request; a worker keeps its own log level.
+        "celery.app.trace": {"level": "WARNING" if CELERY_TASK_ALWAYS_EAGER else LOG_LEVEL},
+    },
 }
