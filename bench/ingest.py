@@ -119,7 +119,11 @@ def _args(rng: random.Random, tool: str) -> dict[str, Any]:
             "timeout_s": 10,
         }
     if tool == "poll_job":
-        return {"job_id": f"job_{rng.randrange(10**6)}", "wait_s": 5, "note": _words(rng, rng.randint(20, 40))}
+        return {
+            "job_id": f"job_{rng.randrange(10**6)}",
+            "wait_s": 5,
+            "note": _words(rng, rng.randint(20, 40)),
+        }
     if tool == "update_ticket":
         return {
             "ticket_id": f"T-{rng.randrange(10**5)}",
@@ -132,8 +136,12 @@ def _args(rng: random.Random, tool: str) -> dict[str, Any]:
             "subject": _words(rng, 5),
             "body": _words(rng, rng.randint(40, 80)),
         }
-    return {"order_id": f"ord_{rng.randrange(10**8):08d}", "amount": round(rng.uniform(5, 300), 2),
-            "currency": "EUR", "reason": _words(rng, rng.randint(15, 35))}
+    return {
+        "order_id": f"ord_{rng.randrange(10**8):08d}",
+        "amount": round(rng.uniform(5, 300), 2),
+        "currency": "EUR",
+        "reason": _words(rng, rng.randint(15, 35)),
+    }
 
 
 def _result(rng: random.Random, tool: str) -> Any:
@@ -143,11 +151,15 @@ def _result(rng: random.Random, tool: str) -> Any:
                 "id": f"ord_{rng.randrange(10**8):08d}",
                 "status": rng.choice(("open", "shipped", "returned", "cancelled")),
                 "total": round(rng.uniform(5, 500), 2),
-                "created_at": "2026-11-2%dT%02d:%02d:00Z" % (rng.randrange(10), rng.randrange(24), rng.randrange(60)),
+                "created_at": f"2026-11-2{rng.randrange(10)}T{rng.randrange(24):02d}:{rng.randrange(60):02d}:00Z",
             }
             for _ in range(rng.randint(1, 6))
         ]
-        return {"items": items, "count": len(items), "next_cursor": None if rng.random() < 0.7 else _uuid(rng)}
+        return {
+            "items": items,
+            "count": len(items),
+            "next_cursor": None if rng.random() < 0.7 else _uuid(rng),
+        }
     if tool == "get_order":
         return {
             "id": f"ord_{rng.randrange(10**8):08d}",
@@ -158,7 +170,9 @@ def _result(rng: random.Random, tool: str) -> Any:
     if tool == "http_get":
         return {
             "status": 200,
-            "events": [{"at": "2026-11-28T09:00:00Z", "what": _words(rng, 8)} for _ in range(rng.randint(2, 5))],
+            "events": [
+                {"at": "2026-11-28T09:00:00Z", "what": _words(rng, 8)} for _ in range(rng.randint(2, 5))
+            ],
         }
     if tool == "poll_job":
         return {
@@ -196,10 +210,18 @@ class _Run:
         calls = rng.choice((1, 1, 1, 2, 3))
         if self.left <= 2 * calls + 3:
             self.pending = [
-                {"type": "model_round", "round": self.round, "input_tokens": rng.randint(2000, 9000),
-                 "output_tokens": rng.randint(50, 400), "text": _words(rng, rng.randint(30, 60))},
-                {"type": "run_finished", "status": rng.choice(("succeeded", "succeeded", "succeeded", "failed")),
-                 "reason": _words(rng, 6)},
+                {
+                    "type": "model_round",
+                    "round": self.round,
+                    "input_tokens": rng.randint(2000, 9000),
+                    "output_tokens": rng.randint(50, 400),
+                    "text": _words(rng, rng.randint(30, 60)),
+                },
+                {
+                    "type": "run_finished",
+                    "status": rng.choice(("succeeded", "succeeded", "succeeded", "failed")),
+                    "reason": _words(rng, 6),
+                },
             ]
             return
         round_event: dict[str, Any] = {
@@ -217,19 +239,32 @@ class _Run:
         for i in range(calls):
             tool, kind = rng.choice(TOOLS)
             call_id = f"call_{self.round}_{i}_{rng.getrandbits(40):010x}"
-            call = {"type": "tool_call", "round": self.round, "call_id": call_id, "tool": tool, "kind": kind,
-                    "args": _args(rng, tool)}
+            call = {
+                "type": "tool_call",
+                "round": self.round,
+                "call_id": call_id,
+                "tool": tool,
+                "kind": kind,
+                "args": _args(rng, tool),
+            }
             if kind == "write":
                 call["step_id"] = f"step-{self.round}-{i}"
             self.pending.append(call)
             roll = rng.random()
             status = "ok" if roll < 0.9 else ("error" if roll < 0.97 else "timeout")
-            result: dict[str, Any] = {"type": "tool_result", "call_id": call_id, "status": status,
-                                      "latency_ms": round(rng.uniform(20, 2500), 1)}
+            result: dict[str, Any] = {
+                "type": "tool_result",
+                "call_id": call_id,
+                "status": status,
+                "latency_ms": round(rng.uniform(20, 2500), 1),
+            }
             if status == "ok":
                 result["result"] = _result(rng, tool)
             else:
-                result["result"] = {"error": _words(rng, rng.randint(10, 30)), "code": rng.choice((400, 404, 429, 503))}
+                result["result"] = {
+                    "error": _words(rng, rng.randint(10, 30)),
+                    "code": rng.choice((400, 404, 429, 503)),
+                }
                 result["error_class"] = rng.choice(ERROR_CLASSES)
             if kind == "write" and status == "ok":
                 result["external_request_id"] = f"ext_{rng.getrandbits(48):012x}"
@@ -281,6 +316,14 @@ def split(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
 
+def share(events: int, batch: int, clients: int) -> list[int]:
+    """Events per client, in whole batches (the last client also takes the remainder)."""
+    full, rest = divmod(events, batch)
+    per_client = [n * batch for n in split(full, clients)]
+    per_client[-1] += rest
+    return per_client
+
+
 # --- REST client -----------------------------------------------------------------------------------
 
 
@@ -302,7 +345,10 @@ def rest_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
         events = [e for _, e in stream]
         size_total = sum(len(orjson.dumps(e)) for e in events)
         batch = cfg["batch"]
-        bodies = [(orjson.dumps(events[i : i + batch]), len(events[i : i + batch])) for i in range(0, len(events), batch)]
+        bodies = [
+            (orjson.dumps(events[i : i + batch]), len(events[i : i + batch]))
+            for i in range(0, len(events), batch)
+        ]
         del stream, events
         # Warm-up: one small batch of its own run, so the worker that answers has its DB connection.
         warm = [e for _, e in client_stream(cfg["seed"] + 1, idx, 5, 1, cfg["prefix"] + "-warm")]
@@ -364,6 +410,8 @@ def rest_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
             }
         )
     except BaseException as exc:  # reported by the parent, which counts the whole share as failed
+        with contextlib.suppress(Exception):
+            barrier.abort()  # the others (and the parent) stop waiting at the start line
         out_q.put({"idx": idx, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
 
 
@@ -371,21 +419,27 @@ def rest_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
 
 
 def ceiling_rows(cfg: dict, idx: int, tenant_id: int) -> list[tuple]:
-    """Client idx's events as ingest_event rows, as the server stores them (run ids -> fresh ints)."""
+    """Client idx's events as ingest_event rows, as the server stores them.
+
+    Run ids become fresh ints, or with --ceiling-fk the pks the server gave the same runs.
+    """
+    run_pks: dict[str, int] | None = cfg.get("run_pks")
     seqs: dict[int, int] = {}
     rows = []
     for number, event in client_stream(cfg["seed"], idx, cfg["per_client"][idx], cfg["pool"], cfg["prefix"]):
-        run_int = (idx + 1) * 1_000_000 + number
+        run_int = run_pks[event["run_id"]] if run_pks is not None else (idx + 1) * 1_000_000 + number
         seq = seqs[run_int] = seqs.get(run_int, 0) + 1
         ts = datetime.fromisoformat(event["ts"])
-        rows.append((tenant_id, run_int, seq, event["event_id"], event["type"], ts, orjson.dumps(event).decode()))
+        rows.append(
+            (tenant_id, run_int, seq, event["event_id"], event["type"], ts, orjson.dumps(event).decode())
+        )
     return rows
 
 
 def _proc_cpu(pid: int) -> float:
     """CPU seconds (user + system) of a process so far, 0 when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _proc_stat(pid)
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
@@ -398,9 +452,8 @@ def copy_client(idxs: list[int], cfg: dict, tenant_id: int, barrier, out_q) -> N
         batch = cfg["batch"]
         copy_sql = sql.SQL("COPY {} " + COPY_COLUMNS + " FROM STDIN").format(sql.Identifier(CEILING_TABLE))
         with psycopg.connect(cfg["database_url"], autocommit=True) as conn:
-            backend = conn.info.backend_pid
             barrier.wait(timeout=cfg["timeout"])
-            cpu0, pg0 = time.process_time(), _proc_cpu(backend)
+            cpu0 = time.process_time()
             first = time.monotonic()
             deadline = first + cfg["timeout"]
             latencies: list[float] = []
@@ -415,7 +468,6 @@ def copy_client(idxs: list[int], cfg: dict, tenant_id: int, barrier, out_q) -> N
                 latencies.append(time.monotonic() - t0)
                 done += min(batch, len(rows) - start)
             last = time.monotonic()
-            pg_cpu = _proc_cpu(backend) - pg0
         out_q.put(
             {
                 "idx": idxs[0],
@@ -425,10 +477,11 @@ def copy_client(idxs: list[int], cfg: dict, tenant_id: int, barrier, out_q) -> N
                 "expected": len(rows),
                 "latencies": latencies,
                 "cpu": time.process_time() - cpu0,
-                "pg_cpu": pg_cpu,
             }
         )
     except BaseException as exc:
+        with contextlib.suppress(Exception):
+            barrier.abort()
         out_q.put({"idx": idxs[0], "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
 
 
@@ -507,11 +560,15 @@ class Server:
         self.proc = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "uvicorn"),
-                "loopwatch.asgi:application",
-                "--host", HOST,
-                "--port", str(args.port),
-                "--workers", str(args.workers),
-                "--log-level", "warning",
+                args.app,
+                "--host",
+                HOST,
+                "--port",
+                str(args.port),
+                "--workers",
+                str(args.workers),
+                "--log-level",
+                "warning",
             ],
             cwd=ROOT,
             env=env,
@@ -584,6 +641,50 @@ def system_busy() -> tuple[float, float]:
     return (total - idle) / CLK_TCK, total / CLK_TCK
 
 
+def background_load(seconds: float = 2.0) -> float:
+    """Share of the machine's CPU busy while this script does nothing: other work skews the figures."""
+    busy0, total0 = system_busy()
+    time.sleep(seconds)
+    busy1, total1 = system_busy()
+    return (busy1 - busy0) / max(total1 - total0, 1e-9)
+
+
+def _proc_stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def postgres_cpu() -> tuple[dict[int, float], float]:
+    """CPU seconds so far of every PostgreSQL process, and of the postmaster's ended children.
+
+    The server opens a connection per request (a backend that lives for one batch): when a backend
+    ends, the postmaster reaps it and the kernel adds its CPU to the postmaster's cutime/cstime.
+    """
+    live: dict[int, float] = {}
+    reaped = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            fields = _proc_stat(pid)
+            live[pid] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+            if Path(f"/proc/{fields[1]}/comm").read_text().strip() != "postgres":  # the postmaster
+                reaped += (int(fields[13]) + int(fields[14])) / CLK_TCK
+        except OSError:
+            continue
+    return live, reaped
+
+
+def postgres_cpu_delta(start: tuple[dict[int, float], float], end: tuple[dict[int, float], float]) -> float:
+    (live0, reaped0), (live1, reaped1) = start, end
+    alive = sum(cpu - live0.get(pid, 0.0) for pid, cpu in live1.items())
+    # An ended process added its whole life to `reaped`: take off what it had used before the start.
+    ended = (reaped1 - reaped0) - sum(cpu for pid, cpu in live0.items() if pid not in live1)
+    return alive + ended
+
+
 def run_phase(target, jobs: list[tuple], timeout: float, watch_pids: list[int] = ()) -> dict:
     """Start one process per job, release them together, collect their reports within the timeout."""
     ctx = mp.get_context("spawn")
@@ -593,13 +694,21 @@ def run_phase(target, jobs: list[tuple], timeout: float, watch_pids: list[int] =
     for proc in procs:
         proc.start()
     reports: list[dict] = []
+    completed = False
     try:
         try:
             barrier.wait(timeout=timeout)
         except Exception as exc:
-            raise SetupError(f"the clients were not ready within {timeout:.0f} s ({exc!r})") from None
+            errors = []
+            with contextlib.suppress(Exception):
+                while len(errors) < len(jobs):
+                    errors.append(out_q.get(timeout=2.0).get("error", ""))
+            raise SetupError(
+                f"the clients did not all start ({exc!r}):\n" + "\n".join(e for e in errors if e)
+            ) from None
         busy0, total0 = system_busy()
         watched0 = {pid: _proc_cpu(pid) for pid in watch_pids}
+        pg0 = postgres_cpu()
         deadline = time.monotonic() + timeout + 30
         while len(reports) < len(jobs) and time.monotonic() < deadline:
             try:
@@ -608,10 +717,15 @@ def run_phase(target, jobs: list[tuple], timeout: float, watch_pids: list[int] =
                 if not any(p.is_alive() for p in procs) and out_q.empty():
                     break
         busy1, total1 = system_busy()
-        watched = sum(_proc_cpu(pid) - cpu for pid, cpu in watched0.items())
+        per_worker = [_proc_cpu(pid) - cpu for pid, cpu in watched0.items()]
+        watched = sum(per_worker)
+        time.sleep(0.05)  # let the postmaster reap the backends of the connections just closed
+        pg = postgres_cpu_delta(pg0, postgres_cpu())
+        completed = True
     finally:
+        grace = time.monotonic() + (5 if completed else 0)  # interrupted: stop the clients at once
         for proc in procs:
-            proc.join(timeout=5)
+            proc.join(timeout=max(0.0, grace - time.monotonic()))
             if proc.is_alive():
                 proc.terminate()  # one of ours, by its own handle
                 proc.join(timeout=5)
@@ -621,6 +735,8 @@ def run_phase(target, jobs: list[tuple], timeout: float, watch_pids: list[int] =
         "busy": busy1 - busy0,
         "total": total1 - total0,
         "watched_cpu": watched,
+        "per_worker_cpu": per_worker,
+        "pg_cpu": pg,
     }
 
 
@@ -635,7 +751,15 @@ def summarise(phase: dict) -> dict:
     ok = [r for r in phase["reports"] if "error" not in r]
     errors = [r["error"] for r in phase["reports"] if "error" in r]
     if not ok:
-        return {"rate": 0.0, "wall": 0.0, "events": 0, "latencies": [], "errors": errors, "ok": ok}
+        return {
+            "rate": 0.0,
+            "wall": 0.0,
+            "events": 0,
+            "latencies": [],
+            "errors": errors,
+            "ok": ok,
+            "client_cpu": 0.0,
+        }
     wall = max(r["last"] for r in ok) - min(r["first"] for r in ok)
     events = sum(r["events"] - r.get("failed_events", 0) for r in ok)
     latencies = [x for r in ok for x in r["latencies"]]
@@ -647,9 +771,20 @@ def summarise(phase: dict) -> dict:
         "errors": errors,
         "ok": ok,
         "client_cpu": sum(r["cpu"] for r in ok),
-        "pg_cpu": sum(r.get("pg_cpu", 0.0) for r in ok),
     }
 
+
+CEILING_FK_DROP = f"""
+ALTER TABLE {CEILING_TABLE} DROP CONSTRAINT IF EXISTS {CEILING_TABLE}_run_fk,
+    DROP CONSTRAINT IF EXISTS {CEILING_TABLE}_tenant_fk
+"""
+CEILING_FK_ADD = f"""
+ALTER TABLE {CEILING_TABLE}
+    ADD CONSTRAINT {CEILING_TABLE}_run_fk FOREIGN KEY (run_id) REFERENCES ingest_run (id)
+        DEFERRABLE INITIALLY DEFERRED,
+    ADD CONSTRAINT {CEILING_TABLE}_tenant_fk FOREIGN KEY (tenant_id) REFERENCES ingest_tenant (id)
+        DEFERRABLE INITIALLY DEFERRED
+"""
 
 TABLE_SUMS = """
 SELECT count(*), coalesce(sum(e.seq), 0),
@@ -687,10 +822,14 @@ def redis_queued(url: str) -> int:
     import redis
 
     client = redis.Redis.from_url(url)
-    try:
-        return client.llen("celery") if client.type("celery") == b"list" else 0
+    try:  # the queue's name comes from settings (CELERY_QUEUE): count every list in the bench db
+        return sum(client.llen(k) for k in client.scan_iter(count=1000) if client.type(k) == b"list")
     finally:
         client.close()
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -705,21 +844,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="hard limit in seconds for each phase")
     parser.add_argument("--request-timeout", type=float, default=60.0, help="socket timeout of one batch")
     parser.add_argument("--seed", type=int, default=None, help="generator seed (default: random)")
-    parser.add_argument("--py-spy", metavar="OUT", help="record one server worker with py-spy during REST "
-                        "(OUT.svg flamegraph, OUT.json speedscope, else raw collapsed stacks; wall time)")
+    parser.add_argument(
+        "--py-spy",
+        metavar="OUT",
+        help="record one server worker with py-spy during REST "
+        "(OUT.svg flamegraph, OUT.json speedscope, else raw collapsed stacks; wall time)",
+    )
     parser.add_argument("--skip-ceiling", action="store_true", help="only the REST phase")
+    parser.add_argument(
+        "--app",
+        default="loopwatch.asgi:application",
+        help="the ASGI app uvicorn serves (to measure a variant; PYTHONPATH is passed on)",
+    )
+    parser.add_argument(
+        "--ceiling-fk",
+        action="store_true",
+        help="give bench_ceiling ingest_event's two foreign keys too (LIKE copies none) and "
+        "the server's run pks",
+    )
     args = parser.parse_args(argv)
 
     for name in ("events", "batch", "clients", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.events < args.clients:
-        parser.error("--events must be at least --clients")
+    if args.events < args.batch * args.clients:
+        parser.error("--events must be at least --batch x --clients (every client sends whole batches)")
     db_name = urlsplit(args.database_url).path.lstrip("/")
     if "bench" not in db_name:
-        parser.error(f"--database-url: the database {db_name!r} would be emptied; its name must contain 'bench'")
+        parser.error(
+            f"--database-url: the database {db_name!r} would be emptied; its name must contain 'bench'"
+        )
     if urlsplit(args.redis_url).path.strip("/") in ("", "0"):
         parser.error("--redis-url: name a Redis db of its own (like /15); it is flushed at the end")
+
+    # Ctrl-C or a plain kill must still stop the server and clean up (the finally below): also when
+    # started in the background, where SIGINT comes ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupted)
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     prefix = f"bench-{seed:08x}"
@@ -727,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": seed,
         "prefix": prefix,
         "batch": args.batch,
-        "per_client": split(args.events, args.clients),
+        "per_client": share(args.events, args.batch, args.clients),
         "pool": max(1, round(args.batch * 0.04)),  # ~50 distinct runs in a batch of 1,000
         "port": args.port,
         "timeout": args.timeout,
@@ -755,6 +916,13 @@ def main(argv: list[str] | None = None) -> int:
             sync_commit = conn.execute("SHOW synchronous_commit").fetchone()[0]
             shared_buffers = conn.execute("SHOW shared_buffers").fetchone()[0]
         redis_purge(args.redis_url)
+        idle_busy = background_load()
+        if idle_busy > 0.10:
+            print(
+                f"WARNING: the machine is {idle_busy:.0%} busy before the benchmark starts (other processes); "
+                "the figures will be low and noisy",
+                file=sys.stderr,
+            )
 
         # --- REST ---
         server = Server(args, env, key)
@@ -765,13 +933,29 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(args.py_spy)
             fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(out.suffix, "raw")
             spy = subprocess.Popen(
-                [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(workers[0]), "--idle",
-                 "--format", fmt, "-o", str(out), "--rate", "200"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(workers[0]),
+                    "--idle",
+                    "--format",
+                    fmt,
+                    "-o",
+                    str(out),
+                    "--rate",
+                    "200",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
             time.sleep(1.0)
-        print(f"REST: {args.events} events, batches of {args.batch}, {args.clients} clients, "
-              f"{args.workers} workers (pids {workers}), seed {seed} ...", flush=True)
+        print(
+            f"REST: {args.events} events, batches of {args.batch}, {args.clients} clients, "
+            f"{args.workers} workers (pids {workers}), seed {seed} ...",
+            flush=True,
+        )
         phase = run_phase(rest_client, [(i, cfg, key) for i in range(args.clients)], args.timeout, workers)
         rest = summarise(phase)
         rest["phase"] = phase
@@ -783,6 +967,8 @@ def main(argv: list[str] | None = None) -> int:
                 spy.kill()
                 _, err = spy.communicate()
             notes.append(f"py-spy profile of worker {workers[0]}: {args.py_spy} (exit {spy.returncode})")
+            if spy.returncode:
+                notes.append(f"py-spy said: {err.decode(errors='replace')[-500:]}")
             spy = None
         failed_batches = sum(r["failed_batches"] for r in rest["ok"])
         failed_events = sum(r["failed_events"] for r in rest["ok"])
@@ -801,15 +987,30 @@ def main(argv: list[str] | None = None) -> int:
         server = None
         rest_sums = stored_sums(args.database_url, prefix=prefix)
         if rest_sums[0] != args.events - rest["failed_events"]:
-            notes.append(f"ingest_event holds {rest_sums[0]} rows of this run, expected "
-                         f"{args.events - rest['failed_events']}")
+            notes.append(
+                f"ingest_event holds {rest_sums[0]} rows of this run, expected "
+                f"{args.events - rest['failed_events']}"
+            )
 
         # --- COPY ceiling ---
         if not args.skip_ceiling:
             with psycopg.connect(args.database_url, autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE ingest_event INCLUDING ALL)").format(
-                    sql.Identifier(CEILING_TABLE)))
+                conn.execute(
+                    sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE ingest_event INCLUDING ALL)").format(
+                        sql.Identifier(CEILING_TABLE)
+                    )
+                )
                 conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
+                conn.execute(CEILING_FK_DROP)
+                if args.ceiling_fk:
+                    # LIKE copies no foreign key: add ingest_event's two (deferred, as Django makes them),
+                    # and use the run pks the server stored, so that the rows satisfy them.
+                    conn.execute(CEILING_FK_ADD)
+                    cfg["run_pks"] = dict(
+                        conn.execute(
+                            "SELECT run_id, id FROM ingest_run WHERE run_id LIKE %s", (prefix + "-c%",)
+                        ).fetchall()
+                    )
             checkpoint(args.database_url)
             print(f"COPY ceiling: {args.clients} processes ...", flush=True)
             phase = run_phase(copy_client, [([i], cfg, tenant_id) for i in range(args.clients)], args.timeout)
@@ -819,8 +1020,10 @@ def main(argv: list[str] | None = None) -> int:
             if rest_sums != ceiling_sums and not rest["failed_events"]:
                 notes.append(f"the ceiling rows differ from the REST rows: {ceiling_sums} vs {rest_sums}")
             elif not rest["failed_events"]:
-                notes.append(f"checked: bench_ceiling holds the same {ceiling_sums[0]} rows as ingest_event "
-                             "(count, sum of seq, checksum of seq|event_id|type|ts|body)")
+                notes.append(
+                    f"checked: bench_ceiling holds the same {ceiling_sums[0]} rows as ingest_event "
+                    "(count, sum of seq, checksum of seq|event_id|type|ts|body)"
+                )
             with psycopg.connect(args.database_url, autocommit=True) as conn:
                 conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
             checkpoint(args.database_url)
@@ -831,13 +1034,18 @@ def main(argv: list[str] | None = None) -> int:
             for part in (par, single):
                 for err in part["errors"]:
                     print(f"  ceiling error: {err}", file=sys.stderr)
-                short = sum(r["expected"] - r["events"] for r in part["ok"]) + (args.events if not part["ok"] else 0)
+                short = sum(r["expected"] - r["events"] for r in part["ok"]) + (
+                    args.events if not part["ok"] else 0
+                )
                 if short or part["errors"]:
                     failed += 1
                     notes.append("the ceiling did not copy every row (error or hard timeout)")
     except SetupError as exc:
         print(f"SETUP ERROR: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(f"INTERRUPTED ({exc or 'Ctrl-C'}): server stopped, clean-up done", file=sys.stderr)
+        return 130
     finally:
         if spy is not None and spy.poll() is None:
             spy.kill()
@@ -846,19 +1054,34 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(Exception):
             with psycopg.connect(args.database_url, autocommit=True) as conn:
                 conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
+                conn.execute(CEILING_FK_DROP)
         with contextlib.suppress(Exception):
             purged = redis_purge(args.redis_url)
             notes.append(f"purged Redis {args.redis_url} ({purged} keys)")
 
-    report(args, rest, par, single, pg_version, sync_commit, shared_buffers, notes)
+    report(args, rest, par, single, pg_version, sync_commit, shared_buffers, idle_busy, notes)
     return 1 if failed else 0
+
+
+def cpu_line(phase: dict, count: int, workers_label: str | None, client_cpu: float) -> str:
+    """Where the machine's CPU went during a phase, in microseconds per event (row)."""
+    us = 1e6 / max(1, count)
+    parts = []
+    if workers_label:
+        parts.append(f"{workers_label} {phase['watched_cpu'] * us:.0f} us")
+    parts.append(f"PostgreSQL {phase['pg_cpu'] * us:.0f} us")
+    parts.append(f"clients {client_cpu * us:.0f} us")
+    other = phase["busy"] - phase["watched_cpu"] - phase["pg_cpu"] - client_cpu
+    parts.append(f"other processes {max(0.0, other) * us:.0f} us")
+    busy = phase["busy"] / max(phase["total"], 1e-9)
+    return ", ".join(parts) + f" (machine {busy:.0%} busy)"
 
 
 def _ms(x: float) -> str:
     return f"{x * 1000:8.1f} ms"
 
 
-def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, notes) -> None:
+def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, idle_busy, notes) -> None:
     events_ok = rest["events"]
     mean_size = rest["bytes"] / max(1, sum(r["events"] for r in rest["ok"]))
     phase = rest["phase"]
@@ -867,46 +1090,67 @@ def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, not
     print(line)
     print(f"{'loopwatch ingest benchmark':<40}{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC")
     print(line)
-    print(f"environment      : {os.cpu_count()} cores, PostgreSQL {pg_version} (synchronous_commit={sync_commit}, "
-          f"shared_buffers={shared_buffers}), Python {sys.version.split()[0]}")
-    print(f"load             : {args.events} events, mean {mean_size:.0f} bytes (orjson), batch {args.batch}, "
-          f"clients {args.clients}, workers {args.workers}")
+    print(
+        f"environment      : {os.cpu_count()} cores, PostgreSQL {pg_version} (synchronous_commit={sync_commit}, "
+        f"shared_buffers={shared_buffers}), Python {sys.version.split()[0]}"
+    )
+    print(
+        f"load             : {args.events} events, mean {mean_size:.0f} bytes (orjson), batch {args.batch}, "
+        f"clients {args.clients}, workers {args.workers}"
+    )
+    warn = "   <-- OTHER LOAD: figures skewed" if idle_busy > 0.10 else ""
+    print(
+        f"background load  : {idle_busy:.0%} of the machine busy before the run (loadavg "
+        f"{os.getloadavg()[0]:.2f} at the end){warn}"
+    )
     print(line)
     print(f"{'REST ingest':<34}{rest['rate']:>10,.0f} events/s   ({events_ok} in {rest['wall']:.2f} s)")
-    print(f"{'  batch latency p50 / p99':<34}{_ms(percentile(rest['latencies'], 0.5))} / "
-          f"{_ms(percentile(rest['latencies'], 0.99)).strip()}")
+    print(
+        f"{'  batch latency p50 / p99':<34}{_ms(percentile(rest['latencies'], 0.5))} / "
+        f"{_ms(percentile(rest['latencies'], 0.99)).strip()}"
+    )
     if par:
-        print(f"{f'COPY ceiling, {args.clients} processes':<34}{par['rate']:>10,.0f} rows/s     "
-              f"({par['events']} in {par['wall']:.2f} s; txn p50 {_ms(percentile(par['latencies'], 0.5)).strip()})")
-        print(f"{'COPY ceiling, 1 process':<34}{single['rate']:>10,.0f} rows/s     "
-              f"({single['events']} in {single['wall']:.2f} s; txn p50 "
-              f"{_ms(percentile(single['latencies'], 0.5)).strip()})")
+        fk = " + FKs" if args.ceiling_fk else ""
+        print(
+            f"{f'COPY ceiling{fk}, {args.clients} processes':<34}{par['rate']:>10,.0f} rows/s     "
+            f"({par['events']} in {par['wall']:.2f} s; txn p50 {_ms(percentile(par['latencies'], 0.5)).strip()})"
+        )
+        print(
+            f"{f'COPY ceiling{fk}, 1 process':<34}{single['rate']:>10,.0f} rows/s     "
+            f"({single['events']} in {single['wall']:.2f} s; txn p50 "
+            f"{_ms(percentile(single['latencies'], 0.5)).strip()})"
+        )
         ratio = rest["rate"] / par["rate"] if par["rate"] else 0.0
         ratio1 = rest["rate"] / single["rate"] if single["rate"] else 0.0
         verdict = "meets" if ratio >= TARGET else "BELOW"
         print(f"{'ratio REST / COPY (parallel)':<34}{ratio:>10.0%}   {verdict} the target of {TARGET:.0%}")
         print(f"{'ratio REST / COPY (1 process)':<34}{ratio1:>10.0%}")
     print(line)
-    n = max(1, events_ok)
-    busy = phase["busy"]
-    print(f"CPU during REST  : machine {busy / max(phase['total'], 1e-9):.0%} busy; per event: server workers "
-          f"{phase['watched_cpu'] / n * 1e6:.0f} us, clients {rest['client_cpu'] / n * 1e6:.0f} us, "
-          f"rest (PostgreSQL, ...) {(busy - phase['watched_cpu'] - rest['client_cpu']) / n * 1e6:.0f} us")
+    if events_ok:
+        print(f"CPU per event    : {cpu_line(phase, events_ok, 'server workers', rest['client_cpu'])}")
+        # Keep-alive connections stay on the worker that accepted them: few clients can load the
+        # workers unevenly, and then one is saturated while another idles.
+        split_s = " / ".join(f"{cpu:.1f}" for cpu in phase["per_worker_cpu"])
+        cpus = phase["per_worker_cpu"]
+        uneven = len(cpus) > 1 and min(cpus) < 0.5 * max(cpus)
+        warn = "   <-- UNEVEN: connections landed unevenly on the workers" if uneven else ""
+        print(f"worker CPU split : {split_s} s over {rest['wall']:.1f} s of wall time{warn}")
     if par:
-        pp = par["phase"]
-        m = max(1, par["events"])
-        print(f"CPU during COPY  : machine {pp['busy'] / max(pp['total'], 1e-9):.0%} busy; per row: clients "
-              f"{par['client_cpu'] / m * 1e6:.0f} us, PostgreSQL backends {par['pg_cpu'] / m * 1e6:.0f} us")
+        print(f"CPU per COPY row : {cpu_line(par['phase'], par['events'], None, par['client_cpu'])}")
     print(f"detection tasks queued in Redis: {rest['queued']}")
     if rest["failed_batches"]:
         print(line)
-        print(f"!!! FAILED: {rest['failed_batches']} batches ({rest['failed_events']} events) were not fully "
-              "accepted — see the messages above !!!")
+        print(
+            f"!!! FAILED: {rest['failed_batches']} batches ({rest['failed_events']} events) were not fully "
+            "accepted — see the messages above !!!"
+        )
     print(line)
     for note in notes:
         print(f"note: {note}")
-    print(f"note: the database {urlsplit(args.database_url).path.lstrip('/')} stays (ingest_event keeps this "
-          f"run's rows; {CEILING_TABLE} was emptied); the next run empties both first")
+    print(
+        f"note: the database {urlsplit(args.database_url).path.lstrip('/')} stays (ingest_event keeps this "
+        f"run's rows; {CEILING_TABLE} was emptied); the next run empties both first"
+    )
 
 
 if __name__ == "__main__":
