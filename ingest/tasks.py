@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db.models import F
 
-from ingest.events import TASK_DETECT_RUN
+from ingest.events import TASK_DETECT_RUN, TASK_DETECT_RUNS
 from ingest.models import RunCursor
 from ingest.services import run_process
 
@@ -14,6 +14,12 @@ from ingest.services import run_process
 def detect_run(run_pk: int) -> int:
     """Process a run's new events. Harmless when delivered twice: the cursor row serialises it."""
     return run_process(run_pk=run_pk)
+
+
+@shared_task(name=TASK_DETECT_RUNS, soft_time_limit=300, time_limit=330)
+def detect_runs(run_pks: list[int]) -> int:
+    """Process the runs one stored batch touched, each under its own cursor lock."""
+    return sum(run_process(run_pk=pk) for pk in run_pks)
 
 
 @shared_task(name="ingest.detect_sweep", soft_time_limit=60, time_limit=90)

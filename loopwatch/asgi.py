@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -13,6 +14,10 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402 - needs the apps loa
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from ingest.routing import websocket_urlpatterns  # noqa: E402
+
+# Everything loaded so far lives as long as the process: keep it out of the garbage collector's
+# full passes, which otherwise took a fifth of the CPU of a busy ingest worker.
+gc.freeze()
 
 application = ProtocolTypeRouter(
     {

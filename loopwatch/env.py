@@ -63,10 +63,25 @@ def database_from_url(name: str, url: str) -> dict:
         db_name = unquote(parts.path.lstrip("/"))
         if not db_name:
             raise ImproperlyConfigured(f"{name}={url!r}: the URL names no database (postgres://host/DBNAME)")
-        options = dict(parse_qsl(parts.query))
+        options: dict = dict(parse_qsl(parts.query))
         conn_max_age = options.pop("conn_max_age", "60")
         if not conn_max_age.isdigit():
             raise ImproperlyConfigured(f"{name}: conn_max_age must be a number of seconds")
+        # Under ASGI every request runs in a thread of its own, so persistent connections are never
+        # reused: a pool (psycopg_pool) is what saves a new backend per request. pool=false turns it
+        # off (behind PgBouncer, say) and falls back to conn_max_age.
+        pool = options.pop("pool", "true").lower()
+        sizes = {
+            key: options.pop(f"pool_{key}", default)
+            for key, default in (("min_size", "1"), ("max_size", "8"))
+        }
+        if pool not in ("true", "false") or not all(v.isdigit() and int(v) > 0 for v in sizes.values()):
+            raise ImproperlyConfigured(
+                f"{name}: pool must be true or false, pool_min_size/pool_max_size positive"
+            )
+        if pool == "true":
+            options["pool"] = {key: int(v) for key, v in sizes.items()} | {"timeout": 30}
+            conn_max_age = "0"
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": db_name,

@@ -63,6 +63,7 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
         ({"DATABASE_URL": "mysql://x/y"}, "DATABASE_URL"),
         ({"DATABASE_URL": "postgres://host:notaport/db"}, "DATABASE_URL"),
         ({"DATABASE_URL": "postgres://host/"}, "DATABASE_URL"),
+        ({"DATABASE_URL": "postgres://host/db?pool=maybe"}, "DATABASE_URL"),
         ({"REDIS_URL": "http://cache"}, "REDIS_URL"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "lots"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
@@ -92,6 +93,9 @@ def test_env_helpers():
         "6432",
         "name",
     )
-    assert db["OPTIONS"] == {"sslmode": "require"}
+    assert db["OPTIONS"] == {"sslmode": "require", "pool": {"min_size": 1, "max_size": 8, "timeout": 30}}
+    assert db["CONN_MAX_AGE"] == 0
+    unpooled = database_from_url("DATABASE_URL", "postgres://h/n?pool=false&conn_max_age=30")
+    assert "pool" not in unpooled["OPTIONS"] and unpooled["CONN_MAX_AGE"] == 30
     assert database_from_url("D", "sqlite:////tmp/x.db")["NAME"] == "/tmp/x.db"
     assert redis_url("R", "redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
