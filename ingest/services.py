@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import secrets
@@ -11,7 +12,7 @@ from datetime import datetime
 from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from ingest.models import ApiKey, Event, ModelRound, PendingResult, Run, RunCursor, Tenant, ToolCall
@@ -160,16 +161,46 @@ def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) ->
 
 
 def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run]:
-    # Sorted inserts, then locks in pk order: two batches touching the same runs never deadlock.
-    Run.objects.bulk_create([Run(tenant=tenant, run_id=r) for r in sorted(run_ids)], ignore_conflicts=True)
+    # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
+    _insert_missing(Run, Run(tenant=tenant), "run_id", sorted(run_ids))
     runs = {
         run.run_id: run
         for run in Run.objects.select_for_update().filter(tenant=tenant, run_id__in=run_ids).order_by("pk")
     }
-    fresh = [RunCursor(run=run) for run in runs.values() if run.events_count == 0]
+    fresh = [run.pk for run in runs.values() if run.events_count == 0]
     if fresh:
-        RunCursor.objects.bulk_create(fresh, ignore_conflicts=True)
+        _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
     return runs
+
+
+def _insert_missing(model: type[models.Model], template: models.Model, key: str, values: list) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING of one row per value of `key`, the other columns as in template.
+
+    On PostgreSQL one statement over unnest(): bulk_create() spent more CPU preparing 50 model
+    instances than the database spent storing the batch's thousand events.
+    """
+    if connection.vendor != "postgresql":
+        rows = []
+        for value in values:
+            row = copy.copy(template)
+            setattr(row, key, value)
+            rows.append(row)
+        model.objects.bulk_create(rows, ignore_conflicts=True)
+        return
+    key_field = next(f for f in model._meta.concrete_fields if f.attname == key)
+    fields = [
+        f for f in model._meta.concrete_fields if f is not key_field and f is not model._meta.auto_field
+    ]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in [*fields, key_field])
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
+        f"SELECT {'%s, ' * len(fields)}k FROM unnest(%s::{key_field.db_type(connection)}[]) AS u(k) "
+        "ON CONFLICT DO NOTHING"
+    )
+    params = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, values])
 
 
 def _store(tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None]) -> list[int]:
