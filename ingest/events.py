@@ -8,3 +8,7 @@ TASK_DETECT_RUNS = "ingest.detect_runs"
 
 def alerts_group(tenant_id: int) -> str:
     return f"alerts.tenant.{tenant_id}"
+
+
+# The type of a Channels group message carrying one alert (a consumer's handler: alert_detection).
+ALERT_MESSAGE = "alert.detection"

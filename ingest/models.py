@@ -104,6 +104,14 @@ class Run(models.Model):
     output_tokens = models.BigIntegerField(default=0)
     cost_usd = models.FloatField(default=0)
     events_count = models.PositiveIntegerField(default=0, help_text="Stored events; also the last seq.")
+    # Written by detection (the per-run task), never by ingest.
+    loop_flagged = models.BooleanField(
+        default=False, help_text="An intervention (correct or stronger) fired."
+    )
+    first_loop_at = models.DateTimeField(null=True, blank=True, help_text="ts of the first intervention.")
+    max_action = models.CharField(max_length=16, blank=True, default="")
+    last_progress_step = models.PositiveIntegerField(default=0)
+    detections_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -159,6 +167,7 @@ class RunCursor(models.Model):
     run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="cursor")
     position = models.PositiveIntegerField(default=0)
     processed = models.PositiveIntegerField(default=0, help_text="Events processed, all passes together.")
+    engine_state = models.JSONField(null=True, blank=True, help_text="The detection engine's RunState.")
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -235,3 +244,112 @@ class PendingResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} result for {self.call_id}"
+
+
+class Detection(models.Model):
+    """A finding of the detection engine on one run: evidence, the action decided, the hint."""
+
+    class Action(models.TextChoices):
+        OBSERVE = "observe"
+        CORRECT = "correct"
+        HANDOFF = "handoff"
+        TERMINATE = "terminate"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="detections")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="detections")
+    seq = models.PositiveIntegerField(help_text="The event that made it fire.")
+    kind = models.CharField(max_length=32)
+    action = models.CharField(max_length=16, choices=Action.choices)
+    signature = models.CharField(max_length=64, blank=True, default="")
+    tool = models.CharField(max_length=200, blank=True, default="")
+    count = models.PositiveIntegerField(default=0)
+    at_call = models.PositiveIntegerField(default=0)
+    at_round = models.PositiveIntegerField(default=0)
+    backend = models.CharField(max_length=100, blank=True, default="")
+    model = models.CharField(max_length=200, blank=True, default="")
+    task_type = models.CharField(max_length=100, blank=True, default="")
+    evidence = models.JSONField(default=dict)
+    hint = models.TextField(blank=True, default="")
+    ts = models.DateTimeField(help_text="ts of the event that made it fire.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # A run replayed twice stores nothing twice.
+            models.UniqueConstraint(fields=["run", "seq", "kind", "signature"], name="detection_once"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="detection_tenant_created"),
+            models.Index(fields=["tenant", "backend", "-created_at"], name="detection_tenant_backend"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.kind} {self.action}"
+
+
+class ThresholdSet(models.Model):
+    """Threshold overrides for a scope; blank fields match anything.
+
+    Resolution, weakest first: the engine's defaults, then the global row (all blank), the task
+    type's, the backend's, the (backend, model)'s.
+    """
+
+    backend = models.CharField(max_length=100, blank=True, default="")
+    model = models.CharField(max_length=200, blank=True, default="")
+    task_type = models.CharField(max_length=100, blank=True, default="")
+    values = models.JSONField(default=dict, help_text='Overrides, e.g. {"repeat_tolerance": 4}.')
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["backend", "model", "task_type"], name="thresholds_scope_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.backend or '*'}/{self.model or '*'}/{self.task_type or '*'}"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from ingest.detection import Thresholds
+
+        if self.model and not self.backend:
+            raise ValidationError({"model": "a model threshold needs its backend"})
+        if self.task_type and (self.backend or self.model):
+            raise ValidationError(
+                {"task_type": "task type thresholds apply to every backend: leave backend blank"}
+            )
+        if not isinstance(self.values, dict):
+            raise ValidationError({"values": "must be a JSON object"})
+        try:
+            Thresholds().merged(self.values)
+        except ValueError as exc:
+            raise ValidationError({"values": str(exc)}) from None
+
+
+class ToolConfig(models.Model):
+    """What detection should know of a tool: its kind and which arguments mean what."""
+
+    class Kind(models.TextChoices):
+        READ = "read"
+        WRITE = "write"
+        POLL = "poll"
+        OTHER = "other"
+
+    name = models.CharField(max_length=200, unique=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices, blank=True, default="")
+    core_args = models.JSONField(default=list, blank=True, help_text="Arguments that say what is asked.")
+    noise_args = models.JSONField(default=list, blank=True, help_text="Arguments left out of the signature.")
+    cursor_args = models.JSONField(default=list, blank=True, help_text="Paging arguments beyond the usual.")
+    casefold = models.BooleanField(default=False, help_text="Compare string arguments without case.")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        for name in ("core_args", "noise_args", "cursor_args"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ValidationError({name: "must be a list of argument names"})

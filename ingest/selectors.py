@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+import logging
 
-from ingest.models import Event, Run, Tenant
+from django.db.models import Q, QuerySet
+
+from ingest.detection import Config, Thresholds, ToolSpec
+from ingest.models import Event, Run, Tenant, ThresholdSet, ToolConfig
+
+logger = logging.getLogger(__name__)
 
 
 def run_list(*, tenant: Tenant, filters: dict[str, str] | None = None, limit: int = 100) -> QuerySet[Run]:
@@ -21,3 +26,36 @@ def run_get(*, tenant: Tenant, run_id: str) -> Run | None:
 
 def run_events(*, run: Run, after_seq: int = 0, limit: int = 1000) -> QuerySet[Event]:
     return Event.objects.filter(run=run, seq__gt=after_seq).order_by("seq")[:limit]
+
+
+def detection_config(*, run: Run) -> Config:
+    """Thresholds for the run: defaults < global row < task type < backend < (backend, model)."""
+    rows = ThresholdSet.objects.filter(
+        Q(backend="", model="", task_type__in=["", run.task_type])
+        | Q(backend=run.backend, model__in=["", run.model], task_type="")
+    )
+
+    def weight(row: ThresholdSet) -> int:
+        return (
+            (2 if row.backend else 0)
+            + (1 if row.model else 0)
+            + (1 if row.task_type else 0) * (not row.backend)
+        )
+
+    thresholds = Thresholds()
+    for row in sorted(rows, key=weight):
+        try:
+            thresholds = thresholds.merged(row.values)
+        except (TypeError, ValueError) as exc:
+            logger.warning("thresholds %s ignored: %s", row, exc)
+    tools = {
+        tool.name: ToolSpec(
+            kind=tool.kind,
+            core_args=tuple(tool.core_args),
+            noise_args=tuple(tool.noise_args),
+            cursor_args=tuple(tool.cursor_args),
+            casefold=tool.casefold,
+        )
+        for tool in ToolConfig.objects.all()
+    }
+    return Config(thresholds=thresholds, tools=tools)

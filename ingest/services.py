@@ -15,9 +15,22 @@ import orjson
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from ingest.models import ApiKey, Event, ModelRound, PendingResult, Run, RunCursor, Tenant, ToolCall
+from ingest.detection import ACTIONS, Engine, RunState
+from ingest.events import ALERT_MESSAGE, alerts_group
+from ingest.models import (
+    ApiKey,
+    Detection,
+    Event,
+    ModelRound,
+    PendingResult,
+    Run,
+    RunCursor,
+    Tenant,
+    ToolCall,
+)
 from ingest.pricing import PriceBook
 from ingest.schema import EventError, find_nul, parse_ts, validate_event
+from ingest.selectors import detection_config
 
 logger = logging.getLogger(__name__)
 
@@ -394,17 +407,122 @@ def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
             )
             if not events:
                 return total
-            _materialize(run_pk, events)
+            run = Run.objects.only("tenant_id", "backend", "model", "task_type", "run_id").get(pk=run_pk)
+            _materialize(run, events)
+            published = _detect(run, cursor, events)
             cursor.position = events[-1][0]
             cursor.processed += len(events)
-            cursor.save(update_fields=["position", "processed", "updated_at"])
+            cursor.save(update_fields=["position", "processed", "engine_state", "updated_at"])
+        if published:
+            alerts_publish(tenant_id=run.tenant_id, alerts=published)
         total += len(events)
         if len(events) < chunk:
             return total
 
 
-def _materialize(run_pk: int, events: list[tuple[int, str, datetime, dict]]) -> None:
-    run = Run.objects.only("backend", "model").get(pk=run_pk)
+def _detect(run: Run, cursor: RunCursor, events: list[tuple[int, str, datetime, dict]]) -> list[dict]:
+    """Feed the events to the engine from where it stopped; store what it finds.
+
+    Returns the alerts to publish (interventions) once the transaction has committed.
+    """
+    config = detection_config(run=run)
+    state = None
+    if cursor.engine_state:
+        try:
+            state = RunState.from_dict(cursor.engine_state)
+        except (TypeError, ValueError, KeyError):
+            logger.warning("run %s: engine state unreadable, starting afresh", run.pk)
+    state = state or RunState()
+    engine = Engine(config)
+    rows: list[Detection] = []
+    first_loop_ts: datetime | None = None
+    for seq, _kind, ts, body in events:
+        for found in engine.feed(state, body):
+            rows.append(
+                Detection(
+                    tenant_id=run.tenant_id,
+                    run_id=run.pk,
+                    seq=seq,
+                    kind=found.kind,
+                    action=found.action,
+                    signature=found.signature,
+                    tool=found.tool,
+                    count=found.count,
+                    at_call=found.at_call,
+                    at_round=found.at_round,
+                    backend=run.backend,
+                    model=run.model,
+                    task_type=run.task_type,
+                    evidence=found.evidence,
+                    hint=found.hint,
+                    ts=ts,
+                )
+            )
+            if found.action != "observe" and first_loop_ts is None:
+                first_loop_ts = ts
+    cursor.engine_state = state.to_dict()
+    figures: dict[str, Any] = {"last_progress_step": state.last_progress_step}
+    if rows:
+        Detection.objects.bulk_create(rows, ignore_conflicts=True)
+        figures["detections_count"] = Detection.objects.filter(run_id=run.pk).count()
+        figures["max_action"] = ACTIONS[state.max_action - 1] if state.max_action else ""
+    if first_loop_ts is not None:
+        figures["loop_flagged"] = True
+    Run.objects.filter(pk=run.pk).update(**figures)
+    if first_loop_ts is not None:
+        Run.objects.filter(pk=run.pk, first_loop_at__isnull=True).update(first_loop_at=first_loop_ts)
+    if state.terminated_by:
+        # What the engine concluded; the runtime's own run_finished, when it comes, says what happened.
+        Run.objects.filter(pk=run.pk, terminated_by="").update(
+            terminated_by=state.terminated_by, budget_type=state.budget_type
+        )
+    interventions = [r for r in rows if r.action != "observe"]
+    if not interventions:
+        return []
+    stored = Detection.objects.filter(
+        run_id=run.pk,
+        seq__gte=events[0][0],
+        seq__lte=events[-1][0],
+        action__in=[r.action for r in interventions],
+    ).order_by("pk")
+    return [alert_payload(detection, run=run) for detection in stored]
+
+
+def alert_payload(detection: Detection, *, run: Run) -> dict[str, Any]:
+    return {
+        "id": detection.pk,
+        "run_id": run.run_id,
+        "kind": detection.kind,
+        "action": detection.action,
+        "tool": detection.tool,
+        "count": detection.count,
+        "at_call": detection.at_call,
+        "at_round": detection.at_round,
+        "backend": detection.backend,
+        "model": detection.model,
+        "task_type": detection.task_type,
+        "hint": detection.hint,
+        "ts": detection.ts.isoformat(),
+    }
+
+
+def alerts_publish(*, tenant_id: int, alerts: list[dict]) -> None:
+    """Send alerts to the tenant's Channels group. At most once: pages catch up from the database."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        for alert in alerts:
+            async_to_sync(layer.group_send)(alerts_group(tenant_id), {"type": ALERT_MESSAGE, "alert": alert})
+    except Exception:  # a broken channel layer must not undo stored detections
+        logger.exception("publishing %d alerts for tenant %s failed", len(alerts), tenant_id)
+
+
+def _materialize(run: Run, events: list[tuple[int, str, datetime, dict]]) -> None:
+    run_pk = run.pk
     result_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_result"}
     call_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_call"}
     # Unanswered calls stored earlier, oldest first: a stack per call_id (the newest answers first).
@@ -445,6 +563,7 @@ def _materialize(run_pk: int, events: list[tuple[int, str, datetime, dict]]) -> 
                     text=body.get("text", ""),
                 )
             )
+            body.setdefault("cost_usd", cost)  # detection counts the cost budget with it
         elif kind == "tool_call":
             call = ToolCall(
                 run_id=run_pk,

@@ -1,0 +1,241 @@
+"""The engine: one run's events in, detections out.
+
+    engine = Engine(config)
+    state = RunState()
+    for event in events:
+        for detection in engine.feed(state, event):
+            ...
+
+`feed` reads no clock and does no I/O; everything it knows is in `state`, which serialises to
+JSON so that another worker can go on where this one stopped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ingest.detection import calls, errors, text
+from ingest.detection.budgets import check_budgets, run_budgets
+from ingest.detection.config import DEFAULT_CONFIG, Config
+from ingest.detection.normalize import (
+    CURSOR_KEYS,
+    canonical,
+    digest,
+    result_facts,
+    split_cursor,
+)
+from ingest.detection.policy import CORRECT, TERMINATE, Detection, action_name, level_for
+from ingest.detection.state import MAX_FACTS, MAX_GOALS, MAX_PENDING, RECENT_CALLS, Call, RunState, remember
+
+
+def parse_ts(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+class Engine:
+    def __init__(self, config: Config = DEFAULT_CONFIG) -> None:
+        self.config = config
+        self.t = config.thresholds
+
+    def feed(self, state: RunState, event: dict[str, Any]) -> list[Detection]:
+        """Fold one event into the state; the detections it causes, in order."""
+        state.events += 1
+        ts = parse_ts(event.get("ts"))
+        if ts is not None:
+            if state.start_ts is None or ts < state.start_ts:
+                state.start_ts = ts
+            state.last_ts = ts if state.last_ts is None else max(state.last_ts, ts)
+        kind = event.get("type")
+        found: list[Detection] = []
+        if kind == "run_started":
+            state.budgets = run_budgets(self.t, event.get("budgets") or {})
+        elif kind == "model_round":
+            found += self._model_round(state, event)
+        elif kind == "tool_call":
+            found += self._tool_call(state, event, ts)
+        elif kind == "tool_result":
+            found += self._tool_result(state, event, ts)
+        elif kind == "user_message":
+            state.user_messages += 1
+            text.note_user_message(state)
+            self._progress(state)
+        elif kind == "run_finished":
+            pass
+        if not state.budgets:
+            state.budgets = run_budgets(self.t, {})
+        found += check_budgets(self.t, state)
+        return self._admit(state, found)
+
+    # --- events ---------------------------------------------------------------------------
+
+    def _model_round(self, state: RunState, event: dict[str, Any]) -> list[Detection]:
+        number = event.get("round", state.round)
+        previous_calls = state.round_calls
+        if number != state.round:
+            state.round_calls = 0
+        state.round = max(state.round, number)
+        state.tokens += int(event.get("input_tokens", 0)) + int(event.get("output_tokens", 0))
+        cost = event.get("cost_usd")
+        if isinstance(cost, int | float):
+            state.cost_usd += float(cost)
+        return text.detect_text(self.t, state, event, previous_calls)
+
+    def _tool_call(self, state: RunState, event: dict[str, Any], ts: float | None) -> list[Detection]:
+        state.calls += 1
+        state.round_calls += 1
+        number = event.get("round", state.round)
+        state.round = max(state.round, number)
+        name = str(event.get("tool", ""))
+        spec = self.config.tool(name)
+        kind = event.get("kind") or spec.kind or "other"
+        args = event.get("args") if isinstance(event.get("args"), dict) else {}
+        clean = canonical(args, casefold=spec.casefold, noise=spec.noise_args)
+        rest, cursor = split_cursor(clean, CURSOR_KEYS | {c.lower() for c in spec.cursor_args})
+        core = {k: v for k, v in rest.items() if k in spec.core_args} if spec.core_args else rest
+        sig = digest([name, rest])
+        # A step is a call, or a round of calls when the backend batches them in parallel.
+        if not self.t.count_by_round or state.step_round != number:
+            state.step += 1
+            state.step_round = number
+        call = Call(
+            index=state.calls,
+            round=number,
+            tool=name,
+            kind=kind,
+            sig=sig,
+            goal=digest([name, core]),
+            args=clean,
+            cursor=digest(cursor) if cursor else "",
+            write_key=str(event.get("operation_key") or event.get("step_id") or "")
+            if kind == "write"
+            else "",
+            step=state.step,
+        )
+        stack = state.pending.setdefault(str(event.get("call_id", "")), [])
+        stack.append(call)
+        if sum(len(v) for v in state.pending.values()) > MAX_PENDING:
+            oldest = next(iter(state.pending))
+            state.pending[oldest].pop(0)
+            if not state.pending[oldest]:
+                del state.pending[oldest]
+        state.recent.append(call)
+        del state.recent[:-RECENT_CALLS]
+        goals = state.goals.get(call.goal, 0) + 1
+        remember(state.goals, call.goal, goals, MAX_GOALS)
+        errors.note_call(state, call)
+        found = calls.detect_on_call(self.t, state, call, ts)
+        found += calls.detect_goal_budget(self.t, state, call, goals)
+        return found
+
+    def _tool_result(self, state: RunState, event: dict[str, Any], ts: float | None) -> list[Detection]:
+        stack = state.pending.get(str(event.get("call_id", "")))
+        if not stack:
+            return []  # a result for a call the engine never saw: nothing to compare it with
+        call = stack.pop()  # the most recent unanswered call with this id
+        if not stack:
+            del state.pending[str(event.get("call_id", ""))]
+        status = event.get("status", "ok")
+        error_class = event.get("error_class", "") or ""
+        if event.get("result_sha256"):
+            result_digest = str(event["result_sha256"])[:16]
+        else:
+            result_digest = digest(canonical(event.get("result")))
+        failed = status != "ok" or error_class in errors.NON_RETRYABLE_SET
+        facts = [] if failed else result_facts(event.get("result"))
+        fresh = [f for f in facts if f not in state.facts]
+        for fact in facts:
+            remember(state.facts, fact, None, MAX_FACTS)
+        call.digest = f"{status}:{error_class}:{result_digest}"
+        call.new_info = bool(fresh)
+        for entry in state.recent:
+            if entry.index == call.index:
+                entry.digest, entry.new_info = call.digest, call.new_info
+        record_progress, found = calls.note_result(self.t, state, call, ts, failed)
+        found += errors.detect_repeated_error(self.t, state, call, status, error_class, result_digest, failed)
+        if not failed:
+            found += calls.detect_perturbation(self.t, state, call)
+        if call.kind == "write":
+            state.writes[call.write_key] = "ok" if status == "ok" and not failed else status
+            if len(state.writes) > MAX_GOALS:
+                state.writes.pop(next(iter(state.writes)))
+        progress = (
+            record_progress is True or (call.new_info and not failed) or (call.kind == "write" and not failed)
+        )
+        if progress:
+            self._progress(state)
+        elif record_progress is not None or call.kind != "poll":
+            found += self._no_progress(state, call)
+        return found
+
+    # --- progress ---------------------------------------------------------------------------
+
+    def _progress(self, state: RunState) -> None:
+        state.last_progress_step = state.step
+        state.steps_without_progress = 0
+        state.no_progress_fired = 0
+
+    def _no_progress(self, state: RunState, call: Call) -> list[Detection]:
+        # Parallel calls of one round are one step when counting by round.
+        if state.steps_without_progress and call.step == state.np_step:
+            return []
+        state.steps_without_progress += 1
+        state.np_step = call.step
+        k = self.t.no_progress_steps
+        level = level_for(state.steps_without_progress, k, max(1, k // 2))
+        if level < CORRECT or level <= state.no_progress_fired:
+            return []
+        state.no_progress_fired = level
+        return [
+            Detection(
+                kind="no_progress",
+                action=action_name(level),
+                at_call=state.calls,
+                at_round=state.round,
+                count=state.steps_without_progress,
+                tool=call.tool,
+                hint=(
+                    f"No progress in the last {state.steps_without_progress} steps: no result brought new "
+                    f"information since step {state.last_progress_step}. Summarise what you know and "
+                    "finish, or ask the user."
+                ),
+                evidence={
+                    "last_progress_step": state.last_progress_step,
+                    "steps": state.steps_without_progress,
+                },
+            )
+        ]
+
+    # --- policy -------------------------------------------------------------------------------
+
+    def _admit(self, state: RunState, found: list[Detection]) -> list[Detection]:
+        """Nothing more after the run was terminated; remember the strongest action and the end."""
+        admitted = []
+        for detection in found:
+            if state.max_action >= TERMINATE:
+                break
+            admitted.append(detection)
+            state.max_action = max(state.max_action, detection.level)
+            if detection.action == "terminate" and not state.terminated_by:
+                state.terminated_by = "budget" if detection.kind == "budget" else "loop"
+                state.budget_type = (
+                    detection.evidence.get("budget_type", "") if detection.kind == "budget" else ""
+                )
+        return admitted
+
+
+def replay_run(
+    events: list[dict[str, Any]], config: Config = DEFAULT_CONFIG
+) -> tuple[RunState, list[Detection]]:
+    """Every detection of one run's events, in order."""
+    engine = Engine(config)
+    state = RunState()
+    found: list[Detection] = []
+    for event in events:
+        found += engine.feed(state, event)
+    return state, found

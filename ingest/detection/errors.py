@@ -1,0 +1,77 @@
+"""Repeated errors: the same failure from the same call, by error class."""
+
+from __future__ import annotations
+
+from ingest.detection.config import NON_RETRYABLE, RETRYABLE, Thresholds
+from ingest.detection.policy import CORRECT, Detection, action_name, level_for
+from ingest.detection.state import MAX_SIGS, Call, RunState, remember
+
+NON_RETRYABLE_SET = frozenset(NON_RETRYABLE)
+
+
+def note_call(state: RunState, call: Call) -> None:
+    """Same-tool retries: calls of a tool whose last call failed."""
+    if state.retry_tool == call.tool:
+        state.retries += 1
+
+
+def detect_repeated_error(
+    t: Thresholds,
+    state: RunState,
+    call: Call,
+    status: str,
+    error_class: str,
+    result_digest: str,
+    failed: bool,
+) -> list[Detection]:
+    if not failed:
+        state.errors.pop(call.sig, None)
+        if state.retry_tool == call.tool:
+            state.retry_tool, state.retries = "", 0
+        return []
+    if state.retry_tool != call.tool:
+        state.retry_tool, state.retries = call.tool, 0
+    if call.kind == "write" and status == "timeout":
+        return []  # an UNKNOWN write: the duplicate-write detector and the ledger own it
+    klass = error_class or ("transient" if status == "timeout" else "other")
+    previous = state.errors.get(call.sig)
+    if previous and previous[0] == klass and previous[1] == result_digest:
+        count, fired = previous[2] + 1, previous[3]
+    else:
+        count, fired = 1, 0
+    if klass in NON_RETRYABLE_SET:
+        first = t.error_repeats
+    elif klass in RETRYABLE:
+        first = t.transient_retries + 1
+    else:
+        first = t.other_error_repeats
+    level = level_for(count, first, t.escalate_every)
+    emit = level >= CORRECT and level > fired
+    remember(
+        state.errors, call.sig, [klass, result_digest, count, max(fired, level if emit else fired)], MAX_SIGS
+    )
+    if not emit:
+        return []
+    if klass in RETRYABLE:
+        hint = (
+            f"{call.tool} failed {count} times in a row ({klass}). Back off with jitter (for example "
+            "2 s, 4 s, 8 s, each ± 50 %) before retrying, or give up and report the failure."
+        )
+    else:
+        hint = (
+            f"{call.tool} failed {count} times with the same {klass} error. Retrying it unchanged will "
+            "fail again: fix the arguments, use another tool, or tell the user."
+        )
+    return [
+        Detection(
+            kind="repeated_error",
+            action=action_name(level),
+            at_call=call.index,
+            at_round=call.round,
+            count=count,
+            signature=call.sig,
+            tool=call.tool,
+            hint=hint,
+            evidence={"error_class": klass, "args": call.args, "failures": count},
+        )
+    ]

@@ -1,0 +1,120 @@
+"""The engine's memory of one run: compact, bounded, and serialisable to JSON.
+
+Every collection is capped, so the cost per event does not grow with the run's length; what
+falls out of a cap is the oldest, which matters least to "is the agent repeating itself now".
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MAX_SIGS = 512  # signatures remembered (a run rarely has more distinct calls that matter)
+MAX_FACTS = 3000  # facts remembered for novelty
+MAX_PENDING = 256  # calls waiting for their result
+MAX_GOALS = 512
+RECENT_CALLS = 12  # for periodicity (oscillation) and near-duplicates (perturbation)
+MAX_QUESTIONS = 10
+STATE_VERSION = 1
+
+
+@dataclass
+class Call:
+    """A tool call the engine has seen; kept while it waits for its result and in the recent window."""
+
+    index: int
+    round: int
+    tool: str
+    kind: str
+    sig: str
+    goal: str
+    args: dict[str, Any]
+    cursor: str  # digest of the cursor fields, "" when none
+    write_key: str
+    step: int
+    digest: str | None = None  # of the result, once it came
+    new_info: bool | None = None
+    cluster: int = 1  # near-identical calls in a row that brought nothing new (perturbation)
+    adjacent: bool = False  # directly after the previous call with the same signature
+
+
+@dataclass
+class SigRecord:
+    """One signature's streak of unchanged results."""
+
+    streak: int = 0  # occurrences whose results were identical, in a row for this signature
+    last_digest: str | None = None
+    first_call: int = 0  # call index where the streak began
+    last_call: int = 0
+    last_round: int = 0
+    adjacent: bool = True  # every occurrence followed the previous one directly
+    fired: int = 0  # highest action level fired for this streak
+    fired_at: int = 0  # the streak count at the last firing
+    cursors: list[str] = field(default_factory=list)  # cursor digests seen (advancing = new)
+    polls_unchanged: int = 0
+    poll_since_ts: float = 0.0
+
+
+@dataclass
+class RunState:
+    version: int = STATE_VERSION
+    events: int = 0
+    calls: int = 0
+    round: int = 0
+    step: int = 0
+    step_round: int = 0
+    last_progress_step: int = 0
+    steps_without_progress: int = 0
+    no_progress_fired: int = 0
+    np_step: int = 0  # the last step counted as without progress
+    start_ts: float | None = None
+    last_ts: float | None = None
+    tokens: int = 0
+    cost_usd: float = 0.0
+    budgets: dict[str, float] = field(default_factory=dict)
+    budget_fired: list[str] = field(default_factory=list)
+    terminated_by: str = ""
+    budget_type: str = ""
+    max_action: int = 0
+    retry_tool: str = ""
+    retries: int = 0
+    sigs: dict[str, SigRecord] = field(default_factory=dict)
+    pending: dict[str, list[Call]] = field(default_factory=dict)
+    recent: list[Call] = field(default_factory=list)
+    facts: dict[str, None] = field(default_factory=dict)
+    errors: dict[str, list] = field(default_factory=dict)  # sig -> [class, digest, count, fired]
+    writes: dict[str, str] = field(default_factory=dict)  # write key -> last status
+    write_attempts: dict[str, int] = field(default_factory=dict)
+    perturbed: dict[str, int] = field(default_factory=dict)  # goal -> level fired
+    goals: dict[str, int] = field(default_factory=dict)
+    questions: list[list] = field(default_factory=list)  # [text key, round, answered_since, asks, fired]
+    user_messages: int = 0
+    last_text: str = ""
+    last_text_round: int = 0
+    last_text_calls: int = 0  # calls seen when that text was said
+    monologue: int = 0
+    monologue_fired: int = 0
+    empty_rounds: int = 0
+    empty_fired: int = 0
+    round_calls: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        if data.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {data.get('version')!r}, expected {STATE_VERSION}")
+        state = cls(**{k: v for k, v in data.items() if k not in ("sigs", "pending", "recent")})
+        state.sigs = {k: SigRecord(**v) for k, v in data["sigs"].items()}
+        state.pending = {k: [Call(**c) for c in v] for k, v in data["pending"].items()}
+        state.recent = [Call(**c) for c in data["recent"]]
+        return state
+
+
+def remember(mapping: dict, key: str, value: Any, cap: int) -> None:
+    """Insert or refresh `key` as the newest entry; drop the oldest past `cap`."""
+    mapping.pop(key, None)
+    mapping[key] = value
+    while len(mapping) > cap:
+        mapping.pop(next(iter(mapping)))
