@@ -420,6 +420,21 @@ def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
             return total
 
 
+def run_reprocess(*, run_pk: int) -> int:
+    """Process a run again from its first event (after a fix or a threshold change).
+
+    Rounds and calls are rebuilt; detections already stored are kept and not stored twice.
+    """
+    with transaction.atomic():
+        cursor = RunCursor.objects.select_for_update().get(run_id=run_pk)
+        ModelRound.objects.filter(run_id=run_pk).delete()
+        ToolCall.objects.filter(run_id=run_pk).delete()
+        PendingResult.objects.filter(run_id=run_pk).delete()
+        cursor.position, cursor.engine_state = 0, None
+        cursor.save(update_fields=["position", "engine_state", "updated_at"])
+    return run_process(run_pk=run_pk)
+
+
 def _detect(run: Run, cursor: RunCursor, events: list[tuple[int, str, datetime, dict]]) -> list[dict]:
     """Feed the events to the engine from where it stopped; store what it finds.
 
