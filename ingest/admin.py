@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from ingest.models import ApiKey, Backend, ModelPrice, Run, Tenant
+from ingest.models import ApiKey, Backend, Detection, ModelPrice, Run, Tenant, ThresholdSet, ToolConfig
 
 
 @admin.register(Tenant)
@@ -48,6 +48,39 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ["tenant", "backend", "status", "task_type"]
     search_fields = ["run_id"]
     readonly_fields = [f.name for f in Run._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(ThresholdSet)
+class ThresholdSetAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "backend", "model", "task_type", "values", "updated_at"]
+    list_filter = ["backend", "task_type"]
+
+
+@admin.register(ToolConfig)
+class ToolConfigAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "core_args", "noise_args", "cursor_args", "casefold"]
+    search_fields = ["name"]
+
+
+@admin.register(Detection)
+class DetectionAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "tenant",
+        "run",
+        "kind",
+        "action",
+        "tool",
+        "count",
+        "at_call",
+        "backend",
+        "model",
+    ]
+    list_filter = ["tenant", "kind", "action", "backend"]
+    readonly_fields = [f.name for f in Detection._meta.fields]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -94,6 +94,15 @@ def test_it_sends_runs_the_server_stores_and_processes(live_server, tenant, make
     assert not calls.filter(result_status="").exists()
     assert calls.filter(kind=ToolCall.Kind.WRITE).exists()
 
+    # Detection ran on every run: loops flagged, legitimate repetition left alone.
+    assert {"ok", "loop"} <= {r.labels["sim_expect"] for r in runs}
+    for run in runs:
+        expect = run.labels["sim_expect"]
+        if expect == "ok":
+            assert not run.loop_flagged, (run.run_id, list(run.detections.values_list("kind", "action")))
+        elif expect == "loop":
+            assert run.loop_flagged, run.run_id
+
     # The read API agrees.
     listed = _api_get(f"{live_server.url}/api/v1/runs?limit=100", key)
     assert len(listed) == RUNS
