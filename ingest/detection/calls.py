@@ -8,7 +8,7 @@ from rapidfuzz import fuzz
 
 from ingest.detection.config import Thresholds
 from ingest.detection.policy import CORRECT, HANDOFF, Detection, action_name, level_for, short
-from ingest.detection.state import MAX_SIGS, Call, RunState, SigRecord, remember
+from ingest.detection.state import MAX_GOALS, MAX_SIGS, Call, RunState, SigRecord, remember
 
 _ID_CHARS = frozenset("0123456789/:@\\")
 
@@ -198,7 +198,7 @@ def detect_perturbation(t: Thresholds, state: RunState, call: Call) -> list[Dete
     fired = state.perturbed.get(call.goal, 0)
     if level < CORRECT or level <= fired:
         return []
-    state.perturbed[call.goal] = level
+    remember(state.perturbed, call.goal, level, MAX_GOALS)
     return [
         Detection(
             kind="perturbation",
@@ -265,11 +265,11 @@ def _duplicate_write(t: Thresholds, state: RunState, call: Call) -> list[Detecti
     if not call.write_key:
         return []
     previous = state.writes.get(call.write_key)
-    state.writes[call.write_key] = "pending"
+    remember(state.writes, call.write_key, "pending", MAX_GOALS)
     if previous is None:
         return []
     attempts = state.write_attempts.get(call.write_key, 1) + 1
-    state.write_attempts[call.write_key] = attempts
+    remember(state.write_attempts, call.write_key, attempts, MAX_GOALS)
     level = level_for(attempts, 2, t.escalate_every)
     if previous == "timeout":
         hint = (

@@ -133,6 +133,15 @@ class ToolSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolSpec:
+        """From JSON; a wrong type is a ValueError naming the field."""
+        if data.get("kind", "") not in ("", "read", "write", "poll", "other"):
+            raise ValueError("kind: must be read, write, poll or other")
+        for name in ("core_args", "noise_args", "cursor_args"):
+            value = data.get(name, [])
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{name}: must be a list of argument names")
+        if not isinstance(data.get("casefold", False), bool):
+            raise ValueError("casefold: must be true or false")
         return cls(
             kind=str(data.get("kind", "")),
             core_args=tuple(data.get("core_args", ())),

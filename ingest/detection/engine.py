@@ -161,9 +161,9 @@ class Engine:
         if not failed:
             found += calls.detect_perturbation(self.t, state, call)
         if call.kind == "write":
-            state.writes[call.write_key] = "ok" if status == "ok" and not failed else status
-            if len(state.writes) > MAX_GOALS:
-                state.writes.pop(next(iter(state.writes)))
+            remember(
+                state.writes, call.write_key, "ok" if status == "ok" and not failed else status, MAX_GOALS
+            )
         progress = (
             record_progress is True or (call.new_info and not failed) or (call.kind == "write" and not failed)
         )

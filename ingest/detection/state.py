@@ -6,7 +6,7 @@ falls out of a cap is the oldest, which matters least to "is the agent repeating
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 MAX_SIGS = 512  # signatures remembered (a run rarely has more distinct calls that matter)
@@ -99,7 +99,12 @@ class RunState:
     round_calls: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # By hand: dataclasses.asdict deep-copies recursively and was most of a save's time.
+        data = {name: getattr(self, name) for name in _PLAIN_FIELDS}
+        data["sigs"] = {k: vars(v).copy() for k, v in self.sigs.items()}
+        data["pending"] = {k: [vars(c).copy() for c in v] for k, v in self.pending.items()}
+        data["recent"] = [vars(c).copy() for c in self.recent]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunState:
@@ -118,3 +123,6 @@ def remember(mapping: dict, key: str, value: Any, cap: int) -> None:
     mapping[key] = value
     while len(mapping) > cap:
         mapping.pop(next(iter(mapping)))
+
+
+_PLAIN_FIELDS = tuple(f.name for f in fields(RunState) if f.name not in ("sigs", "pending", "recent"))
