@@ -116,6 +116,8 @@ def note_result(
         rec = SigRecord(first_call=call.index, last_call=call.index, last_round=call.round)
         remember(state.sigs, call.sig, rec, MAX_SIGS)
     unchanged = rec.last_digest == call.digest
+    # The next call of this tool is a retry when this one failed.
+    state.retry_tool = call.tool if failed else ""
     advanced = bool(call.cursor) and call.cursor not in rec.cursors
     if call.cursor and advanced:
         rec.cursors = [*rec.cursors[-15:], call.cursor]
@@ -184,7 +186,10 @@ def detect_perturbation(t: Thresholds, state: RunState, call: Call) -> list[Dete
             continue
         if entry.sig == call.sig and entry.cursor == call.cursor:
             continue  # identical: the repeat detector's business
-        if similar(entry.args, call.args, t.similarity):
+        same_target = bool(targets(call.args)) and targets(entry.args) == targets(call.args)
+        if similar(entry.args, call.args, t.similarity) or (same_target and entry.digest == call.digest):
+            # Nearly the same request, or the same thing asked about in other words (status "open",
+            # "pending", "in progress") with the very same answer.
             previous = entry
         break
     if previous is None or previous.digest.split(":", 1)[0] != "ok":
@@ -250,7 +255,7 @@ def _value_similarity(x: Any, y: Any) -> float:
     if isinstance(x, str) and isinstance(y, str):
         if x.casefold() == y.casefold():
             return 0.95
-        if _ID_CHARS & set(x) or _ID_CHARS & set(y):
+        if _id_like(x) or _id_like(y):
             return 0.0  # ids, paths, urls: another value is another thing
         return (
             max(fuzz.ratio(x.casefold(), y.casefold()), fuzz.token_set_ratio(x.casefold(), y.casefold()))
@@ -259,6 +264,16 @@ def _value_similarity(x: Any, y: Any) -> float:
     if isinstance(x, dict) and isinstance(y, dict):
         return 1.0 if similar(x, y, 0.9) else 0.0
     return 0.0
+
+
+def _id_like(value: str) -> bool:
+    """One token with digits or separators: an id, a path, a url (free text has spaces)."""
+    return " " not in value.strip() and bool(_ID_CHARS & set(value))
+
+
+def targets(args: dict[str, Any]) -> list[str]:
+    """The ids, paths and urls a call names: a new one is something not looked at before."""
+    return [v for v in args.values() if isinstance(v, str) and _id_like(v)]
 
 
 def _duplicate_write(t: Thresholds, state: RunState, call: Call) -> list[Detection]:

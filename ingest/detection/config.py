@@ -42,13 +42,17 @@ class Thresholds:
     # Failures of class `other`: unknown, so one more than the non-retryable ones.
     other_error_repeats: int = 3
     # Steps (calls, or rounds when counting by round) in a row without progress.
-    no_progress_steps: int = 12
+    no_progress_steps: int = 10
     # A poll repeating one signature without any change in its result: count and wall-clock budget.
     poll_max_unchanged: int = 15
     poll_max_wall_s: float = 900.0
     # The same question to the user again (similarity 0..1), and repeated announcements without action.
     text_similarity: float = 0.85
     monologue_repeats: int = 2
+    # Announcements ("let me…", "I will…") in a row without a tool call, worded differently.
+    announcement_rounds: int = 3
+    # Questions to the user in a row, each answered, about the same thing, without a tool call.
+    question_rounds: int = 3
     empty_rounds: int = 3
     # Calls for one goal (tool + core arguments, cursors left out) in one run.
     max_goal_calls: int = 60
@@ -57,7 +61,8 @@ class Thresholds:
     # Global budgets; run_started.budgets overrides them per run.
     max_rounds: int = 150
     max_tool_calls: int = 300
-    max_same_tool_retries: int = 8
+    # The same call again right away, or a call of a tool right after it failed (above poll_max_unchanged).
+    max_same_tool_retries: int = 20
     max_tokens: int = 5_000_000
     max_cost_usd: float = 25.0
     max_wall_s: float = 6 * 3600.0

@@ -129,6 +129,7 @@ class Engine:
         goals = state.goals.get(call.goal, 0) + 1
         remember(state.goals, call.goal, goals, MAX_GOALS)
         errors.note_call(state, call)
+        text.note_tool_call(state)
         found = calls.detect_on_call(self.t, state, call, ts)
         found += calls.detect_goal_budget(self.t, state, call, goals)
         return found
@@ -147,12 +148,21 @@ class Engine:
         else:
             result_digest = digest(canonical(event.get("result")))
         failed = status != "ok" or error_class in errors.NON_RETRYABLE_SET
-        facts = [] if failed else result_facts(event.get("result"))
+        result = event.get("result")
+        facts = [] if failed else result_facts(result)
         fresh = [f for f in facts if f not in state.facts]
         for fact in facts:
             remember(state.facts, fact, None, MAX_FACTS)
         call.digest = f"{status}:{error_class}:{result_digest}"
-        call.new_info = bool(fresh)
+        # A new id, path or url looked at, answered with something other than the previous answer, is
+        # news about that thing even when the same content was seen elsewhere (identical folders).
+        named = calls.targets(call.args)
+        new_target = any(v not in state.targets for v in named)
+        for value in named:
+            remember(state.targets, value, None, MAX_FACTS)
+        answered = bool(facts) and call.digest != state.last_result
+        state.last_result = call.digest
+        call.new_info = bool(fresh) or (new_target and answered)
         for entry in state.recent:
             if entry.index == call.index:
                 entry.digest, entry.new_info = call.digest, call.new_info

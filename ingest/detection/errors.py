@@ -10,9 +10,12 @@ NON_RETRYABLE_SET = frozenset(NON_RETRYABLE)
 
 
 def note_call(state: RunState, call: Call) -> None:
-    """Same-tool retries: calls of a tool whose last call failed."""
-    if state.retry_tool == call.tool:
+    """Same-tool retries: the same call again right away, or a call of a tool whose last call failed."""
+    if call.sig == state.prev_sig or state.retry_tool == call.tool:
         state.retries += 1
+    else:
+        state.retries = 0
+    state.prev_sig = call.sig
 
 
 def detect_repeated_error(
@@ -26,11 +29,7 @@ def detect_repeated_error(
 ) -> list[Detection]:
     if not failed:
         state.errors.pop(call.sig, None)
-        if state.retry_tool == call.tool:
-            state.retry_tool, state.retries = "", 0
         return []
-    if state.retry_tool != call.tool:
-        state.retry_tool, state.retries = call.tool, 0
     if call.kind == "write" and status == "timeout":
         return []  # an UNKNOWN write: the duplicate-write detector and the ledger own it
     klass = error_class or ("transient" if status == "timeout" else "other")

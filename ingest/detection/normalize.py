@@ -49,6 +49,13 @@ NOISE_KEYS = frozenset(
         "took",
         "took_ms",
         "server_time",
+        "as_of",
+        "asof",
+        "checked_at",
+        "observed_at",
+        "updated",
+        "last_updated",
+        "etag",
     }
 )
 CURSOR_KEYS = frozenset(
@@ -119,6 +126,22 @@ def split_cursor(args: dict[str, Any], cursor_keys: frozenset[str]) -> tuple[dic
     return rest, cursor
 
 
+# Result fields that echo the request's paging: no information about the world.
+ECHO_KEYS = CURSOR_KEYS | {
+    "limit",
+    "page_size",
+    "per_page",
+    "has_more",
+    "next",
+    "next_cursor",
+    "next_page",
+    "next_page_token",
+    "prev",
+    "previous",
+    "returned",
+}
+
+
 def result_facts(value: Any) -> list[str]:
     """Scalar leaves of a result as short hashes of (path without list indices, value).
 
@@ -134,7 +157,7 @@ def _walk(value: Any, path: str, out: list[str]) -> None:
         return
     if isinstance(value, dict):
         for key in sorted(value, key=str):
-            if not is_noise(str(key), value[key]):
+            if not is_noise(str(key), value[key]) and str(key).lower() not in ECHO_KEYS:
                 _walk(value[key], f"{path}.{key}", out)
     elif isinstance(value, list):
         for item in value:

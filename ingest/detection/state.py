@@ -77,6 +77,7 @@ class RunState:
     budget_type: str = ""
     max_action: int = 0
     retry_tool: str = ""
+    prev_sig: str = ""
     retries: int = 0
     sigs: dict[str, SigRecord] = field(default_factory=dict)
     pending: dict[str, list[Call]] = field(default_factory=dict)
@@ -88,6 +89,12 @@ class RunState:
     perturbed: dict[str, int] = field(default_factory=dict)  # goal -> level fired
     goals: dict[str, int] = field(default_factory=dict)
     questions: list[list] = field(default_factory=list)  # [text key, round, answered_since, asks, fired]
+    question_streak: list[str] = field(default_factory=list)  # questions since the last tool call
+    question_fired: int = 0
+    announcements: int = 0  # announcement rounds since the last tool call
+    announcement_fired: int = 0
+    targets: dict[str, None] = field(default_factory=dict)  # ids, paths, urls already looked at
+    last_result: str = ""  # digest of the previous call's result
     user_messages: int = 0
     last_text: str = ""
     last_text_round: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rapidfuzz import fuzz
@@ -42,10 +43,21 @@ def alike(a: str, b: str, threshold: float) -> bool:
     return len(wa & wb) / len(wa | wb) >= threshold - 0.1
 
 
+ANNOUNCEMENT = re.compile(
+    r"\b(let me|let's|i'll|i will|i am going to|i'm going to|i'm about to|now i|next,? i|i shall|one moment)\b"
+)
+GENERIC = frozenset({"one", "use", "sure", "before", "continue", "proceed", "need", "able", "going", "again"})
+
+
 def note_user_message(state: RunState) -> None:
+    # A user message answers questions; a nudge ("please continue") is no action, so announcements go on.
     for question in state.questions:
         question[2] = True
-    state.last_text, state.monologue = "", 0
+
+
+def note_tool_call(state: RunState) -> None:
+    state.question_streak, state.question_fired = [], 0
+    state.announcements, state.announcement_fired = 0, 0
 
 
 def detect_text(
@@ -76,6 +88,11 @@ def detect_text(
         return found
     if "?" in raw:
         found += _question(t, state, key)
+        found += _question_streak(t, state, key)
+    else:
+        found += _announcement(t, state, key, raw)
+    if "?" in raw:
+        pass
     elif alike(key, state.last_text, t.text_similarity) and state.calls == state.last_text_calls:
         state.monologue += 1
         level = level_for(state.monologue, t.monologue_repeats, t.escalate_every)
@@ -96,6 +113,52 @@ def detect_text(
         state.monologue, state.monologue_fired = 1, 0
     state.last_text, state.last_text_calls = key, state.calls
     return found
+
+
+def _question_streak(t: Thresholds, state: RunState, key: str) -> list[Detection]:
+    """Questions in a row, without a tool call between, about the same thing (in other words too)."""
+    words = content_words(key) - GENERIC
+    related = any(words & (content_words(q) - GENERIC) for q in state.question_streak)
+    state.question_streak = [*state.question_streak, key] if related or not state.question_streak else [key]
+    del state.question_streak[: -t.question_rounds * 3]
+    count = len(state.question_streak)
+    level = level_for(count, t.question_rounds, t.escalate_every)
+    if level < CORRECT or level <= state.question_fired or not state.questions or not state.questions[0][2]:
+        return []
+    state.question_fired = level
+    return [
+        _detection(
+            state,
+            "clarification",
+            level,
+            count,
+            f"You have asked the user {count} questions in a row about the same thing without acting on the "
+            "answers. Use what they told you, or hand over to a person.",
+            {"questions": state.question_streak[-3:]},
+        )
+    ]
+
+
+def _announcement(t: Thresholds, state: RunState, key: str, raw: str) -> list[Detection]:
+    """Saying what it will do, round after round, in other words each time, and not doing it."""
+    if not ANNOUNCEMENT.search(raw.casefold().replace("\u2019", "'")):
+        return []
+    state.announcements += 1
+    level = level_for(state.announcements, t.announcement_rounds, t.escalate_every)
+    if level < CORRECT or level <= max(state.announcement_fired, state.monologue_fired):
+        return []
+    state.announcement_fired = level
+    return [
+        _detection(
+            state,
+            "monologue",
+            level,
+            state.announcements,
+            f"You have announced an action {state.announcements} times (now {raw.strip()[:80]!r}) without "
+            "calling a tool. Call it now or explain what stops you.",
+            {"text": raw.strip()[:200], "rounds": state.announcements},
+        )
+    ]
 
 
 def _question(t: Thresholds, state: RunState, key: str) -> list[Detection]:
