@@ -143,3 +143,21 @@ def test_a_write_retried_after_a_timeout_is_a_possible_duplicate():
     found = interventions(run.detect())
     assert (found[0].kind, found[0].action, found[0].at_call) == ("duplicate_write", "correct", 2)
     assert "timed out" in found[0].hint
+
+
+def test_counting_by_round_takes_a_parallel_batch_as_one_step():
+    run = RunBuilder()
+    for _ in range(6):
+        run.say("batch")
+        for sku in ("A", "B", "C"):
+            run.call("get_price", {"sku": sku}, {"price": 5}, new_round=False)
+    by_call = [d for d in interventions(run.detect(no_progress_steps=6)) if d.kind == "no_progress"]
+    by_round = [
+        d
+        for d in interventions(run.detect(no_progress_steps=6, count_by_round=True))
+        if d.kind == "no_progress"
+    ]
+    # after the first call nothing is new: by call, the 6th such call (call 7) is too many; by
+    # round, a parallel batch of 3 is one step, so it takes 6 rounds of them
+    assert by_call and by_call[0].at_call == 7
+    assert by_round and by_round[0].at_call >= 16
