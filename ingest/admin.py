@@ -1,6 +1,18 @@
 from django.contrib import admin
 
-from ingest.models import ApiKey, Backend, Detection, ModelPrice, Run, Tenant, ThresholdSet, ToolConfig
+from ingest.models import (
+    ApiKey,
+    Backend,
+    Detection,
+    ModelPrice,
+    Operation,
+    OperationTransition,
+    Reconciler,
+    Run,
+    Tenant,
+    ThresholdSet,
+    ToolConfig,
+)
 
 
 @admin.register(Tenant)
@@ -84,3 +96,38 @@ class DetectionAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+class OperationTransitionInline(admin.TabularInline):
+    model = OperationTransition
+    extra = 0
+    can_delete = False
+    readonly_fields = ["from_status", "to_status", "actor", "actor_id", "note", "evidence", "at"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Operation)
+class OperationAdmin(admin.ModelAdmin):
+    list_display = ["operation_key", "tenant", "tool", "status", "needs_person", "attempts", "updated_at"]
+    list_filter = ["tenant", "status", "needs_person", "tool"]
+    search_fields = ["operation_key", "external_request_id"]
+    readonly_fields = [f.name for f in Operation._meta.fields]
+    inlines = [OperationTransitionInline]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(Reconciler)
+class ReconcilerAdmin(admin.ModelAdmin):
+    list_display = [
+        "tool",
+        "method",
+        "url_template",
+        "field",
+        "done_values",
+        "not_done_values",
+        "max_attempts",
+    ]

@@ -353,3 +353,135 @@ class ToolConfig(models.Model):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
                 raise ValidationError({name: "must be a list of argument names"})
+
+
+class Operation(models.Model):
+    """A side-effecting write as a business operation: one identity, one durable state, one owner.
+
+    Identified by (tenant, operation_key). A repeated request becomes a status lookup, not a
+    second effect.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "PENDING"
+        RUNNING = "RUNNING"
+        SUCCEEDED = "SUCCEEDED"
+        FAILED = "FAILED"
+        RETRYABLE_FAILED = "RETRYABLE_FAILED"
+        UNKNOWN = "UNKNOWN"
+        COMPENSATED = "COMPENSATED"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="operations")
+    operation_key = models.CharField(max_length=500)
+    tool = models.CharField(max_length=200)
+    fingerprint = models.CharField(max_length=64, help_text="sha256 of the canonical arguments.")
+    args = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    external_request_id = models.CharField(max_length=500, blank=True, default="")
+    # The first result as the JSON text it was stored as: every repeat gets these very bytes.
+    result_json = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL: no result yet
+    result_digest = models.CharField(max_length=64, blank=True, default="")
+    error_class = models.CharField(max_length=32, blank=True, default="")
+    error = models.JSONField(null=True, blank=True)
+    source = models.CharField(
+        max_length=8, default="api", help_text="api (claimed) or trace (seen in traces)"
+    )
+    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="operations")
+    call_id = models.CharField(max_length=200, blank=True, default="")
+    step_id = models.CharField(max_length=200, blank=True, default="")
+    executions = models.PositiveIntegerField(default=0, help_text="Times it was seen executing (traces).")
+    needs_person = models.BooleanField(default=False)
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    last_reconcile = models.JSONField(null=True, blank=True, help_text="What the downstream answered last.")
+    unknown_since = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "operation_key"], name="operation_tenant_key_uniq")
+        ]
+        indexes = [
+            models.Index(fields=["status", "next_reconcile_at"], name="operation_reconcile"),
+            models.Index(fields=["status", "lease_expires_at"], name="operation_lease"),
+            models.Index(fields=["tenant", "status", "updated_at"], name="operation_tenant_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_key} {self.status}"
+
+
+class OperationTransition(models.Model):
+    """One change of an operation's state; append-only, the operation's history."""
+
+    class Actor(models.TextChoices):
+        WORKER = "worker"
+        RECONCILER = "reconciler"
+        USER = "user"
+        TRACE = "trace"
+        SYSTEM = "system"
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="history")
+    from_status = models.CharField(max_length=16, blank=True, default="")
+    to_status = models.CharField(max_length=16)
+    actor = models.CharField(max_length=16, choices=Actor.choices)
+    actor_id = models.CharField(max_length=200, blank=True, default="")
+    note = models.TextField(blank=True, default="")
+    evidence = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}: {self.from_status or '-'} -> {self.to_status}"
+
+
+class Reconciler(models.Model):
+    """How to ask the downstream system whether an UNKNOWN write of a tool happened."""
+
+    class Method(models.TextChoices):
+        GET = "GET"
+        POST = "POST"
+
+    tool = models.CharField(max_length=200, unique=True)
+    url_template = models.CharField(
+        max_length=1000,
+        help_text="With {operation_key} and/or {external_request_id}, e.g. https://pay/api/refunds/{external_request_id}",
+    )
+    method = models.CharField(max_length=4, choices=Method.choices, default=Method.GET)
+    headers_name = models.CharField(
+        max_length=100,
+        blank=True,
+        default="",
+        help_text="A name in LOOPWATCH_RECONCILER_HEADERS (secrets stay in settings).",
+    )
+    field = models.CharField(
+        max_length=200, default="status", help_text="Dotted path of the answer's field, e.g. data.state"
+    )
+    done_values = models.JSONField(default=list, help_text='Values meaning it happened, e.g. ["succeeded"]')
+    not_done_values = models.JSONField(
+        default=list, help_text='Values meaning it did not, e.g. ["not_found"]'
+    )
+    not_found_means_not_done = models.BooleanField(
+        default=False, help_text="A 404 answer proves it never happened."
+    )
+    timeout_s = models.FloatField(default=5.0)
+    max_attempts = models.PositiveIntegerField(default=8, help_text="Then the operation needs a person.")
+    give_up_after_min = models.PositiveIntegerField(default=60, help_text="Or after this long UNKNOWN.")
+
+    def __str__(self) -> str:
+        return self.tool
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if "{operation_key}" not in self.url_template and "{external_request_id}" not in self.url_template:
+            raise ValidationError({"url_template": "must contain {operation_key} or {external_request_id}"})
+        for name in ("done_values", "not_done_values"):
+            if not isinstance(getattr(self, name), list):
+                raise ValidationError({name: "must be a JSON list of values"})

@@ -31,3 +31,26 @@ def detect_sweep(limit: int = 500) -> int:
     for pk in lagging:
         detect_run.delay(pk)
     return len(lagging)
+
+
+@shared_task(name="ingest.ledger_expire_leases", soft_time_limit=60, time_limit=90)
+def ledger_expire_leases() -> int:
+    """RUNNING operations past their lease become UNKNOWN."""
+    from ingest.ledger import leases_expire
+
+    return leases_expire()
+
+
+@shared_task(name="ingest.ledger_reconcile", soft_time_limit=240, time_limit=300)
+def ledger_reconcile() -> int:
+    """Ask the downstream about UNKNOWN operations that are due."""
+    from ingest.ledger import reconcile_due
+
+    return reconcile_due()
+
+
+@shared_task(name="ingest.ledger_purge", soft_time_limit=240, time_limit=300)
+def ledger_purge() -> int:
+    from ingest.ledger import operations_purge
+
+    return operations_purge()

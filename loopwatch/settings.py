@@ -124,6 +124,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "detect-sweep": {"task": "ingest.detect_sweep", "schedule": 60.0},
+    "ledger-expire-leases": {"task": "ingest.ledger_expire_leases", "schedule": 10.0},
+    "ledger-reconcile": {"task": "ingest.ledger_reconcile", "schedule": 15.0},
+    "ledger-purge": {"task": "ingest.ledger_purge", "schedule": 3600.0},
 }
 
 # --- ingest limits (the README's table gives the reasons) ------------------------
@@ -134,6 +137,32 @@ if LOOPWATCH_MAX_EVENT_BYTES > LOOPWATCH_MAX_BODY_BYTES:
     raise ImproperlyConfigured("LOOPWATCH_MAX_EVENT_BYTES: must not exceed LOOPWATCH_MAX_BODY_BYTES")
 # Django's own guard sits just above ours so that ours answers first, with a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LOOPWATCH_MAX_BODY_BYTES + 1
+
+
+# --- the ledger ------------------------------------------------------------------
+def _env_json(name: str, default):
+    import json
+
+    raw = env_str(name)
+    if not raw:
+        return default
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name}: must be a JSON object")
+    return value
+
+
+# Headers for reconcilers' status checks, by name: {"payments": {"Authorization": "Bearer ..."}}
+LOOPWATCH_RECONCILER_HEADERS = _env_json("LOOPWATCH_RECONCILER_HEADERS", {})
+# Days to keep finished operations, per tool, "default" for the rest.
+LOOPWATCH_LEDGER_TTL_DAYS = _env_json("LOOPWATCH_LEDGER_TTL_DAYS", {"default": 30})
+if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DAYS.values()):
+    raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
+LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
+LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
 
 # --- DRF and the OpenAPI schema ---------------------------------------------
 REST_FRAMEWORK = {

@@ -2,11 +2,14 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from ingest.views import metrics_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("ingest.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
+    path("metrics", metrics_view, name="metrics"),
     path("", include("dashboards.urls")),
 ]
 

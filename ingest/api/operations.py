@@ -1,0 +1,231 @@
+"""The ledger API for agent runtimes (ledger scope): claim, complete, look up."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.views import APIView
+
+from ingest import metrics
+from ingest.api.errors import ApiError
+from ingest.api.events import ErrorSerializer as ErrorBody
+from ingest.auth import HasLedgerScope
+from ingest.ledger import (
+    DEFAULT_LEASE_S,
+    MAX_LEASE_S,
+    NotLeaseHolder,
+    TransitionRefused,
+    operation_claim,
+    operation_complete,
+    operation_key_for,
+)
+from ingest.models import Operation
+
+
+def _json(payload: dict[str, Any], status: int = 200, *, raw_result: str | None = None) -> HttpResponse:
+    body = orjson.dumps(payload)
+    if raw_result is not None:
+        # The stored result goes out as the very bytes it was stored as, for every repeat.
+        body = body[:-1] + b',"result":' + raw_result.encode() + b"}"
+    return HttpResponse(body, status=status, content_type="application/json")
+
+
+def operation_state(op: Operation, *, history: bool = False) -> dict[str, Any]:
+    state = {
+        "operation_key": op.operation_key,
+        "tool": op.tool,
+        "status": op.status,
+        "fingerprint": op.fingerprint,
+        "attempts": op.attempts,
+        "lease_owner": op.lease_owner,
+        "lease_expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
+        "external_request_id": op.external_request_id,
+        "error_class": op.error_class,
+        "needs_person": op.needs_person,
+        "reconcile_attempts": op.reconcile_attempts,
+        "created_at": op.created_at.isoformat(),
+        "updated_at": op.updated_at.isoformat(),
+    }
+    if history:
+        state["history"] = [
+            {
+                "from": t.from_status,
+                "to": t.to_status,
+                "actor": t.actor,
+                "actor_id": t.actor_id,
+                "note": t.note,
+                "evidence": t.evidence,
+                "at": t.at.isoformat(),
+            }
+            for t in op.history.all()
+        ]
+    return state
+
+
+class ClaimInput(serializers.Serializer):
+    operation_key = serializers.CharField(required=False, max_length=500, allow_blank=False)
+    run_id = serializers.CharField(required=False, max_length=200)
+    step_id = serializers.CharField(required=False, max_length=200)
+    tool = serializers.CharField(max_length=200)
+    args = serializers.DictField()
+    worker_id = serializers.CharField(max_length=200)
+    lease_s = serializers.FloatField(
+        required=False, default=DEFAULT_LEASE_S, min_value=1, max_value=MAX_LEASE_S
+    )
+
+
+class CompleteInput(serializers.Serializer):
+    worker_id = serializers.CharField(max_length=200)
+    outcome = serializers.ChoiceField(choices=["succeeded", "failed", "timeout"])
+    result = serializers.JSONField(required=False, allow_null=True)
+    error_class = serializers.ChoiceField(
+        required=False,
+        choices=[
+            "transient",
+            "rate_limited",
+            "invalid_argument",
+            "permission",
+            "not_found",
+            "parse_error",
+            "empty_result",
+            "other",
+        ],
+    )
+    external_request_id = serializers.CharField(required=False, max_length=500, allow_blank=True)
+    no_side_effect = serializers.BooleanField(required=False, default=False)
+
+
+def _parse(serializer_class, request) -> dict[str, Any]:
+    try:
+        data = orjson.loads(request.body or b"null")
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"body: not valid JSON ({exc})", field="body") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_body", "body: must be a JSON object", field="body")
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class OperationClaimApi(APIView):
+    """Claim an operation to execute it, or learn what became of it.
+
+    200 execute / reuse (with the first result) / failed; 409 wait (live lease) / reconcile
+    (UNKNOWN: never executed again automatically); 422 the key with other arguments.
+    """
+
+    permission_classes = [HasLedgerScope]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="operations_claim",
+        request=ClaimInput,
+        responses={200: dict, 409: dict, 422: dict, 400: ErrorBody},
+    )
+    def post(self, request):
+        started = time.perf_counter()
+        data = _parse(ClaimInput, request)
+        key = operation_key_for(
+            operation_key=data.get("operation_key"), run_id=data.get("run_id"), step_id=data.get("step_id")
+        )
+        if key is None:
+            raise ApiError(
+                400, "invalid", "operation_key: give it, or run_id and step_id to derive it", "operation_key"
+            )
+        answer = operation_claim(
+            tenant=request.user.tenant,
+            key=key,
+            tool=data["tool"],
+            args=data["args"],
+            worker_id=data["worker_id"],
+            lease_s=data["lease_s"],
+            step_id=data.get("step_id", ""),
+        )
+        op = answer.operation
+        payload: dict[str, Any] = {"decision": answer.decision, "operation_key": key, "status": op.status}
+        if answer.decision == "execute":
+            payload["lease"] = {
+                "owner": op.lease_owner,
+                "expires_at": op.lease_expires_at.isoformat(),
+                "attempt": op.attempts,
+            }
+        elif answer.decision == "reuse":
+            response = _json(payload, raw_result=op.result_json or "null")
+            metrics.result_reused(op, time.perf_counter() - started)
+            return response
+        elif answer.decision == "failed":
+            payload["error"] = {"error_class": op.error_class, "detail": op.error}
+        elif answer.decision == "wait":
+            payload["retry_after"] = answer.retry_after
+        elif answer.decision == "conflict":
+            payload = {
+                "error": "payload_conflict",
+                "detail": (
+                    f"args: operation {key} was claimed with other arguments "
+                    f"(stored fingerprint {answer.extra['stored_fingerprint']}, this one {answer.extra['fingerprint']})"
+                ),
+                "field": "args",
+                **answer.extra,
+            }
+        response = _json(payload, answer.http_status)
+        if answer.decision == "wait":
+            response["Retry-After"] = str(max(1, round(answer.retry_after)))
+        return response
+
+
+class OperationCompleteApi(APIView):
+    """The lease holder reports the outcome: succeeded, failed, or timeout (-> UNKNOWN)."""
+
+    permission_classes = [HasLedgerScope]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="operations_complete",
+        request=CompleteInput,
+        responses={200: dict, 404: ErrorBody, 409: ErrorBody},
+    )
+    def post(self, request, key: str):
+        data = _parse(CompleteInput, request)
+        if data["outcome"] == "failed" and not data.get("error_class"):
+            raise ApiError(400, "invalid", "error_class: required when the outcome is failed", "error_class")
+        try:
+            op = operation_complete(
+                tenant=request.user.tenant,
+                key=key,
+                worker_id=data["worker_id"],
+                outcome=data["outcome"],
+                result=data.get("result"),
+                error_class=data.get("error_class", ""),
+                external_request_id=data.get("external_request_id", ""),
+                no_side_effect=data["no_side_effect"],
+            )
+        except Operation.DoesNotExist:
+            raise ApiError(
+                404, "not_found", f"key: no operation {key!r} for this API key's tenant", "key"
+            ) from None
+        except NotLeaseHolder as exc:
+            raise ApiError(409, "not_lease_holder", f"worker_id: {exc}", "worker_id") from None
+        except TransitionRefused as exc:
+            raise ApiError(409, "transition_refused", str(exc), "outcome") from None
+        return _json(operation_state(op))
+
+
+class OperationDetailApi(APIView):
+    permission_classes = [HasLedgerScope]
+
+    @extend_schema(operation_id="operations_retrieve", responses={200: dict, 404: ErrorBody})
+    def get(self, request, key: str):
+        op = Operation.objects.filter(tenant=request.user.tenant, operation_key=key).first()
+        if op is None:
+            raise ApiError(404, "not_found", f"key: no operation {key!r} for this API key's tenant", "key")
+        state = operation_state(op, history=True)
+        return (
+            _json(state, raw_result=op.result_json)
+            if op.result_json is not None
+            else _json({**state, "result": None})
+        )

@@ -1,0 +1,438 @@
+"""The idempotency ledger: claim, complete, resolve, reconcile (services: they own transactions).
+
+An operation moves only along ALLOWED; every move appends an OperationTransition. A claim is
+atomic: of two callers racing for a new key exactly one gets `execute` (INSERT ... ON CONFLICT
+DO NOTHING, then SELECT ... FOR UPDATE of the row that won).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ingest import metrics
+from ingest.detection.config import NON_RETRYABLE, RETRYABLE
+from ingest.detection.normalize import canonical
+from ingest.models import Operation, OperationTransition, Reconciler, Tenant
+
+logger = logging.getLogger(__name__)
+S = Operation.Status
+Actor = OperationTransition.Actor
+
+ALLOWED: dict[str, set[str]] = {
+    S.PENDING: {S.RUNNING, S.UNKNOWN},
+    S.RUNNING: {S.SUCCEEDED, S.FAILED, S.RETRYABLE_FAILED, S.UNKNOWN},
+    S.RETRYABLE_FAILED: {S.RUNNING},
+    S.UNKNOWN: {S.SUCCEEDED, S.RETRYABLE_FAILED, S.FAILED, S.COMPENSATED},
+    S.SUCCEEDED: {S.COMPENSATED},
+    S.FAILED: set(),
+    S.COMPENSATED: set(),
+}
+DEFAULT_LEASE_S = 60
+MAX_LEASE_S = 3600
+RECONCILE_BACKOFF_S = (15, 30, 60, 120, 300, 600, 1200, 1800)  # then every 30 min, each ± jitter
+
+
+class TransitionRefused(Exception):
+    def __init__(self, operation: Operation, to: str) -> None:
+        super().__init__(f"{operation.operation_key}: {operation.status} -> {to} is not allowed")
+        self.operation = operation
+        self.to = to
+
+
+def fingerprint(args: dict[str, Any]) -> str:
+    """sha256 of the canonical arguments (keys sorted, noise such as request ids dropped)."""
+    return hashlib.sha256(orjson.dumps(canonical(args), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def operation_key_for(*, operation_key: str | None, run_id: str | None, step_id: str | None) -> str | None:
+    """The caller's business key, else sha256(run_id:step_id); never a timestamp or a fresh uuid."""
+    if operation_key:
+        return operation_key
+    if run_id and step_id:
+        return hashlib.sha256(f"{run_id}:{step_id}".encode()).hexdigest()
+    return None
+
+
+def _move(
+    op: Operation, to: str, *, actor: str, actor_id: str = "", note: str = "", evidence: dict | None = None
+) -> None:
+    """Change the status in memory and record the transition; the caller saves the operation."""
+    if to not in ALLOWED[op.status]:
+        raise TransitionRefused(op, to)
+    OperationTransition.objects.create(
+        operation=op,
+        from_status=op.status,
+        to_status=to,
+        actor=actor,
+        actor_id=actor_id,
+        note=note,
+        evidence=evidence or {},
+    )
+    if to == S.UNKNOWN:
+        op.unknown_since = timezone.now()
+        op.next_reconcile_at = timezone.now()
+        metrics.unknown_outcome(op)
+    elif op.status == S.UNKNOWN and op.unknown_since:
+        metrics.unknown_reconciled(op, (timezone.now() - op.unknown_since).total_seconds())
+    op.status = to
+
+
+@dataclass
+class ClaimAnswer:
+    decision: str  # execute | reuse | failed | wait | reconcile | compensated | conflict
+    operation: Operation
+    http_status: int = 200
+    retry_after: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def operation_claim(
+    *,
+    tenant: Tenant,
+    key: str,
+    tool: str,
+    args: dict[str, Any],
+    worker_id: str,
+    lease_s: float,
+    run_id: str = "",
+    step_id: str = "",
+) -> ClaimAnswer:
+    """Claim `key` to execute it, or learn what became of it."""
+    lease_s = min(max(lease_s, 1.0), MAX_LEASE_S)
+    fp = fingerprint(args)
+    now = timezone.now()
+    with transaction.atomic():
+        inserted = _insert(tenant, key, tool, args, fp, worker_id, now + timedelta(seconds=lease_s), step_id)
+        op = Operation.objects.select_for_update().get(tenant=tenant, operation_key=key)
+        if inserted:
+            OperationTransition.objects.create(
+                operation=op,
+                from_status="",
+                to_status=S.RUNNING,
+                actor=Actor.WORKER,
+                actor_id=worker_id,
+                note="claimed",
+            )
+            return ClaimAnswer("execute", op)
+        if op.fingerprint != fp:
+            metrics.payload_conflict(op)
+            return ClaimAnswer(
+                "conflict", op, 422, extra={"stored_fingerprint": op.fingerprint, "fingerprint": fp}
+            )
+        if op.status in (S.PENDING, S.RETRYABLE_FAILED):
+            _move(op, S.RUNNING, actor=Actor.WORKER, actor_id=worker_id, note="claimed again")
+            op.lease_owner, op.lease_expires_at, op.attempts = (
+                worker_id,
+                now + timedelta(seconds=lease_s),
+                op.attempts + 1,
+            )
+            op.save()
+            return ClaimAnswer("execute", op)
+        metrics.dedupe_hit(op)
+        if op.status == S.SUCCEEDED:
+            return ClaimAnswer("reuse", op)
+        if op.status == S.FAILED:
+            return ClaimAnswer("failed", op)
+        if op.status == S.RUNNING:
+            if op.lease_expires_at and op.lease_expires_at > now:
+                metrics.lease_contention(op)
+                return ClaimAnswer(
+                    "wait", op, 409, retry_after=round((op.lease_expires_at - now).total_seconds(), 3)
+                )
+            _lease_expired(op)
+            op.save()
+        if op.status == S.COMPENSATED:
+            return ClaimAnswer("compensated", op, 409)
+        return ClaimAnswer("reconcile", op, 409)
+
+
+def _insert(
+    tenant: Tenant, key: str, tool: str, args: dict, fp: str, owner: str, expires: datetime, step_id: str
+) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING: True when this caller created the operation (and owns it)."""
+    table = Operation._meta.db_table
+    now = timezone.now()
+    values = {
+        "tenant_id": tenant.pk,
+        "operation_key": key,
+        "tool": tool,
+        "fingerprint": fp,
+        "args": orjson.dumps(args).decode(),
+        "status": S.RUNNING,
+        "lease_owner": owner,
+        "lease_expires_at": expires,
+        "attempts": 1,
+        "external_request_id": "",
+        "result_digest": "",
+        "error_class": "",
+        "source": "api",
+        "call_id": "",
+        "step_id": step_id,
+        "executions": 0,
+        "needs_person": False,
+        "reconcile_attempts": 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+    columns = ", ".join(values)
+    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    placeholders = ", ".join(f"%s{cast}" if name == "args" else "%s" for name in values)
+    params = [
+        connection.ops.adapt_datetimefield_value(v) if isinstance(v, datetime) else v for v in values.values()
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
+            "ON CONFLICT (tenant_id, operation_key) DO NOTHING RETURNING id",
+            params,
+        )
+        return cursor.fetchone() is not None
+
+
+def _lease_expired(op: Operation) -> None:
+    # The executor may have died after the effect: UNKNOWN, never straight back to PENDING.
+    _move(
+        op,
+        S.UNKNOWN,
+        actor=Actor.SYSTEM,
+        note=f"lease of {op.lease_owner} expired at {op.lease_expires_at:%Y-%m-%d %H:%M:%S}",
+        evidence={"lease_owner": op.lease_owner},
+    )
+
+
+class NotLeaseHolder(Exception):
+    pass
+
+
+def operation_complete(
+    *,
+    tenant: Tenant,
+    key: str,
+    worker_id: str,
+    outcome: str,
+    result: Any = None,
+    error_class: str = "",
+    external_request_id: str = "",
+    no_side_effect: bool = False,
+) -> Operation:
+    """The lease holder reports the outcome; the result is stored before anyone is answered."""
+    with transaction.atomic():
+        op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
+        if op is None:
+            raise Operation.DoesNotExist(key)
+        late = op.status == S.UNKNOWN and op.lease_owner == worker_id and op.reconcile_attempts == 0
+        if not (op.status == S.RUNNING or late) or op.lease_owner != worker_id:
+            raise NotLeaseHolder(
+                f"{key}: {op.status}, lease held by {op.lease_owner or 'nobody'}; {worker_id} cannot complete it"
+            )
+        note = "late completion after the lease expired" if late else ""
+        if external_request_id:
+            op.external_request_id = external_request_id
+        if outcome == "succeeded":
+            op.result_json = orjson.dumps(result).decode()
+            op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
+            _move(op, S.SUCCEEDED, actor=Actor.WORKER, actor_id=worker_id, note=note)
+        elif outcome == "timeout":
+            if not late:
+                _move(
+                    op,
+                    S.UNKNOWN,
+                    actor=Actor.WORKER,
+                    actor_id=worker_id,
+                    note="timed out: the effect may have happened",
+                )
+        else:
+            op.error_class = error_class or "other"
+            op.error = result
+            if op.error_class in NON_RETRYABLE:
+                _move(op, S.FAILED, actor=Actor.WORKER, actor_id=worker_id, note=note or "definitive error")
+            elif op.error_class in RETRYABLE and no_side_effect:
+                _move(
+                    op,
+                    S.RETRYABLE_FAILED,
+                    actor=Actor.WORKER,
+                    actor_id=worker_id,
+                    note="no side effect, may run again",
+                )
+            elif not late:
+                _move(
+                    op,
+                    S.UNKNOWN,
+                    actor=Actor.WORKER,
+                    actor_id=worker_id,
+                    note=f"{op.error_class} error; effect not ruled out",
+                )
+        op.lease_expires_at = None
+        op.save()
+        return op
+
+
+def operation_resolve(
+    *, operation: Operation, to: str, user: str, note: str, external_reference: str = ""
+) -> Operation:
+    """An operator's decision: succeeded (with the reference), not executed (retryable), compensated."""
+    if not note.strip():
+        raise ValueError("note: say why")
+    with transaction.atomic():
+        op = Operation.objects.select_for_update().get(pk=operation.pk)
+        if external_reference:
+            op.external_request_id = external_reference
+        _move(
+            op,
+            to,
+            actor=Actor.USER,
+            actor_id=user,
+            note=note,
+            evidence={"external_reference": external_reference} if external_reference else {},
+        )
+        op.needs_person = False
+        if to == S.COMPENSATED:
+            metrics.compensation(op)
+        op.save()
+        return op
+
+
+# --- reconciliation (Celery beat) ---------------------------------------------------------------
+
+
+def leases_expire(*, now: datetime | None = None, batch: int = 200) -> int:
+    """RUNNING past its lease -> UNKNOWN."""
+    now = now or timezone.now()
+    done = 0
+    with transaction.atomic():
+        for op in Operation.objects.select_for_update(skip_locked=True).filter(
+            status=S.RUNNING, lease_expires_at__lt=now
+        )[:batch]:
+            _lease_expired(op)
+            op.save()
+            done += 1
+    return done
+
+
+def reconcile_due(*, now: datetime | None = None, batch: int = 50) -> int:
+    """Ask the downstream about UNKNOWN operations that are due; returns how many were asked.
+
+    1. Claim due UNKNOWN rows with SELECT ... FOR UPDATE SKIP LOCKED (other reconcilers skip them).
+    2. For each, call its tool's reconciler (timeout per request).
+    3. Done -> SUCCEEDED with the answer as evidence; provably not done -> RETRYABLE_FAILED;
+       anything else -> stays UNKNOWN, next try after an exponential backoff with jitter, and after
+       max_attempts or give_up_after_min the operation needs a person.
+    """
+    now = now or timezone.now()
+    asked = 0
+    reconcilers = {r.tool: r for r in Reconciler.objects.all()}
+    with transaction.atomic():
+        due = list(
+            Operation.objects.select_for_update(skip_locked=True)
+            .filter(status=S.UNKNOWN, needs_person=False, next_reconcile_at__lte=now)
+            .order_by("next_reconcile_at")[:batch]
+        )
+        for op in due:
+            reconciler = reconcilers.get(op.tool)
+            if reconciler is None:
+                op.needs_person = True
+                op.last_reconcile = {"answer": "no reconciler configured for this tool"}
+                op.save(update_fields=["needs_person", "last_reconcile", "updated_at"])
+                continue
+            asked += 1
+            verdict, answer = reconciler_ask(reconciler, op)
+            op.reconcile_attempts += 1
+            op.last_reconcile = {"at": now.isoformat(), "verdict": verdict, **answer}
+            if verdict == "done":
+                _move(
+                    op,
+                    S.SUCCEEDED,
+                    actor=Actor.RECONCILER,
+                    note="the downstream says it happened",
+                    evidence=answer,
+                )
+                if op.result_json is None and "body" in answer:
+                    op.result_json = orjson.dumps(answer["body"]).decode()
+            elif verdict == "not_done":
+                _move(
+                    op,
+                    S.RETRYABLE_FAILED,
+                    actor=Actor.RECONCILER,
+                    note="the downstream says it did not happen",
+                    evidence=answer,
+                )
+            else:
+                delay = RECONCILE_BACKOFF_S[min(op.reconcile_attempts - 1, len(RECONCILE_BACKOFF_S) - 1)]
+                op.next_reconcile_at = now + timedelta(seconds=delay * random.uniform(0.5, 1.5))
+                age_min = (now - (op.unknown_since or now)).total_seconds() / 60
+                if (
+                    op.reconcile_attempts >= reconciler.max_attempts
+                    or age_min >= reconciler.give_up_after_min
+                ):
+                    op.needs_person = True
+            op.save()
+    return asked
+
+
+def reconciler_ask(reconciler: Reconciler, op: Operation) -> tuple[str, dict[str, Any]]:
+    """('done' | 'not_done' | 'unknown', what the downstream answered)."""
+    if "{external_request_id}" in reconciler.url_template and not op.external_request_id:
+        if "{operation_key}" not in reconciler.url_template:
+            return "unknown", {"error": "no external_request_id to ask about"}
+    url = reconciler.url_template.replace(
+        "{operation_key}", urllib.request.quote(op.operation_key, safe="")
+    ).replace("{external_request_id}", urllib.request.quote(op.external_request_id, safe=""))
+    headers = dict(settings.LOOPWATCH_RECONCILER_HEADERS.get(reconciler.headers_name, {}))
+    headers.setdefault("Accept", "application/json")
+    request = urllib.request.Request(url, method=reconciler.method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=reconciler.timeout_s) as response:
+            status, raw = response.status, response.read(1 << 20)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404 and reconciler.not_found_means_not_done:
+            return "not_done", {"url": url, "status": 404}
+        return "unknown", {"url": url, "status": exc.code}
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        return "unknown", {"url": url, "error": str(exc)[:300]}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "unknown", {"url": url, "status": status, "error": "answer is not JSON"}
+    value: Any = body
+    for part in reconciler.field.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    answer = {"url": url, "status": status, "field": reconciler.field, "value": value, "body": body}
+    if value in reconciler.done_values:
+        return "done", answer
+    if value in reconciler.not_done_values:
+        return "not_done", answer
+    return "unknown", answer
+
+
+def operations_purge(*, now: datetime | None = None) -> int:
+    """Drop finished operations past their retention; never RUNNING, UNKNOWN or PENDING.
+
+    Nothing younger than the longest retry window (leases and reconciliation backoff) goes either.
+    """
+    now = now or timezone.now()
+    floor = timedelta(seconds=max(MAX_LEASE_S, sum(RECONCILE_BACKOFF_S)))
+    ttl_days = settings.LOOPWATCH_LEDGER_TTL_DAYS
+    deleted = 0
+    for tool_kind, days in ttl_days.items():
+        cutoff = now - max(timedelta(days=days), floor)
+        qs = Operation.objects.filter(
+            status__in=[S.SUCCEEDED, S.FAILED, S.RETRYABLE_FAILED, S.COMPENSATED], updated_at__lt=cutoff
+        )
+        if tool_kind != "default":
+            qs = qs.filter(tool=tool_kind)
+        else:
+            qs = qs.exclude(tool__in=[k for k in ttl_days if k != "default"])
+        deleted += qs.delete()[0]
+    return deleted

@@ -1,0 +1,170 @@
+"""The ledger API: claim decisions, completion by the lease holder, history, and the rules."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+import orjson
+import pytest
+from django.utils import timezone
+
+from ingest.ledger import leases_expire
+from ingest.models import Operation, OperationTransition
+
+pytestmark = pytest.mark.django_db
+CLAIM = "/api/v1/operations/claim"
+
+
+@pytest.fixture
+def key(tenant, make_key):
+    return make_key(tenant, ["ledger"])
+
+
+def claim(api, key, op="order-42:place:v1", args=None, worker="w1", **extra):
+    body = {
+        "operation_key": op,
+        "tool": "place_order",
+        "args": args or {"sku": "A", "qty": 1},
+        "worker_id": worker,
+        **extra,
+    }
+    return api.post(CLAIM, body, key)
+
+
+def complete(api, key, op="order-42:place:v1", worker="w1", **body):
+    return api.post(f"/api/v1/operations/{op}/complete", {"worker_id": worker, **body}, key)
+
+
+def test_execute_then_reuse_the_first_result_byte_for_byte(api, key):
+    first = claim(api, key)
+    assert first.status_code == 200 and first.json()["decision"] == "execute"
+    assert first.json()["lease"]["owner"] == "w1"
+    done = complete(api, key, outcome="succeeded", result={"order": "ORD-9", "total": 10.50, "items": [1, 2]})
+    assert done.status_code == 200 and done.json()["status"] == "SUCCEEDED"
+    again = claim(api, key, worker="w2")
+    repeat = claim(api, key, worker="w3")
+    assert again.json()["decision"] == "reuse" and again.json()["result"] == {
+        "order": "ORD-9",
+        "total": 10.5,
+        "items": [1, 2],
+    }
+    assert again.content == repeat.content
+    stored = Operation.objects.get()
+    assert again.content.endswith(b',"result":' + stored.result_json.encode() + b"}")
+
+
+def test_a_live_lease_means_wait_and_an_expired_one_unknown(api, key):
+    claim(api, key, lease_s=30)
+    waiting = claim(api, key, worker="w2")
+    assert waiting.status_code == 409 and waiting.json()["decision"] == "wait"
+    assert 0 < waiting.json()["retry_after"] <= 30 and waiting["Retry-After"]
+    Operation.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert leases_expire() == 1
+    answer = claim(api, key, worker="w2")
+    assert answer.status_code == 409 and answer.json()["decision"] == "reconcile"
+    assert Operation.objects.get().status == "UNKNOWN"
+
+
+def test_timeout_is_unknown_and_never_executed_again_automatically(api, key):
+    claim(api, key)
+    complete(api, key, outcome="timeout", external_request_id="pay-77")
+    op = Operation.objects.get()
+    assert (op.status, op.external_request_id) == ("UNKNOWN", "pay-77")
+    assert claim(api, key, worker="w9").json()["decision"] == "reconcile"
+
+
+def test_failures_definitive_retryable_or_unknown(api, key):
+    claim(api, key, op="k1")
+    complete(api, key, op="k1", outcome="failed", error_class="invalid_argument", result={"msg": "bad sku"})
+    failed = claim(api, key, op="k1")
+    assert (
+        failed.json()["decision"] == "failed" and failed.json()["error"]["error_class"] == "invalid_argument"
+    )
+
+    claim(api, key, op="k2")
+    complete(api, key, op="k2", outcome="failed", error_class="transient", no_side_effect=True)
+    assert Operation.objects.get(operation_key="k2").status == "RETRYABLE_FAILED"
+    again = claim(api, key, op="k2", worker="w2")
+    assert again.json()["decision"] == "execute" and again.json()["lease"]["attempt"] == 2
+
+    claim(api, key, op="k3")
+    complete(api, key, op="k3", outcome="failed", error_class="transient")  # no assertion: may have happened
+    assert Operation.objects.get(operation_key="k3").status == "UNKNOWN"
+
+
+def test_the_same_key_with_other_arguments_is_a_422_naming_both_fingerprints(api, key):
+    claim(api, key, args={"sku": "A", "qty": 1, "request_id": "r1"})
+    same = claim(
+        api, key, args={"qty": 1, "sku": "A", "request_id": "r2"}, worker="w2"
+    )  # noise and order differ
+    assert same.status_code == 409  # the same payload: the live lease says wait
+    other = claim(api, key, args={"sku": "A", "qty": 2}, worker="w2")
+    assert other.status_code == 422
+    body = other.json()
+    assert body["error"] == "payload_conflict" and body["field"] == "args"
+    assert body["stored_fingerprint"] in body["detail"] and body["fingerprint"] in body["detail"]
+
+
+def test_only_the_lease_holder_completes(api, key):
+    claim(api, key)
+    response = complete(api, key, worker="intruder", outcome="succeeded", result=1)
+    assert response.status_code == 409 and "w1" in response.json()["detail"]
+    assert complete(api, key, op="no-such-key", outcome="succeeded").status_code == 404
+
+
+def test_a_late_completion_by_the_expired_holder_resolves_the_unknown(api, key):
+    claim(api, key, lease_s=5)
+    Operation.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    leases_expire()
+    done = complete(api, key, outcome="succeeded", result={"ok": True})
+    assert done.status_code == 200 and done.json()["status"] == "SUCCEEDED"
+
+
+def test_the_key_defaults_to_sha256_of_run_and_step(api, key):
+    body = {"run_id": "run-1", "step_id": "s3", "tool": "send_email", "args": {"to": "a@b"}, "worker_id": "w"}
+    response = api.post(CLAIM, body, key)
+    expected = hashlib.sha256(b"run-1:s3").hexdigest()
+    assert response.json()["operation_key"] == expected
+    missing = api.post(CLAIM, {"tool": "t", "args": {}, "worker_id": "w"}, key)
+    assert missing.status_code == 400 and missing.json()["field"] == "operation_key"
+
+
+def test_history_records_every_transition(api, key):
+    claim(api, key)
+    complete(api, key, outcome="succeeded", result=[1])
+    detail = api.get("/api/v1/operations/order-42:place:v1", key).json()
+    assert [(h["from"], h["to"], h["actor"]) for h in detail["history"]] == [
+        ("", "RUNNING", "worker"),
+        ("RUNNING", "SUCCEEDED", "worker"),
+    ]
+    assert detail["result"] == [1]
+    assert OperationTransition.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tool": "t", "args": [], "worker_id": "w", "operation_key": "k"}, "args"),
+        ({"args": {}, "worker_id": "w", "operation_key": "k"}, "tool"),
+        ({"tool": "t", "args": {}, "operation_key": "k"}, "worker_id"),
+        ({"tool": "t", "args": {}, "worker_id": "w", "operation_key": "k", "lease_s": 0}, "lease_s"),
+    ],
+)
+def test_bad_claims_name_the_field(api, key, body, field):
+    response = api.post(CLAIM, body, key)
+    assert response.status_code == 400 and response.json()["field"] == field
+
+
+def test_ledger_needs_its_scope_and_stays_in_the_tenant(api, tenant, other_tenant, make_key, key):
+    assert claim(api, make_key(tenant, ["ingest"])).status_code == 403
+    claim(api, key)
+    theirs = make_key(other_tenant, ["ledger"])
+    assert api.get("/api/v1/operations/order-42:place:v1", theirs).status_code == 404
+    assert claim(api, theirs).json()["decision"] == "execute"  # their own, separate operation
+    assert Operation.objects.count() == 2
+
+
+def test_not_json_is_a_400(api, key):
+    assert api.post(CLAIM, b"{nope", key).status_code == 400
+    assert orjson.loads(api.post(CLAIM, b"[]", key).content)["field"] == "body"
