@@ -436,3 +436,126 @@ def operations_purge(*, now: datetime | None = None) -> int:
             qs = qs.exclude(tool__in=[k for k in ttl_days if k != "default"])
         deleted += qs.delete()[0]
     return deleted
+
+
+# --- traces feed the ledger ---------------------------------------------------------------------
+
+TRACE_WORKER = "trace"
+
+
+TRACE_LEASE_S = 900  # a traced write with no result after this long becomes UNKNOWN
+
+
+def trace_key(call, run) -> str | None:
+    """A traced write's operation key: its operation_key, else sha256(run_id:step_id), else none."""
+    return operation_key_for(operation_key=call.operation_key, run_id=run.run_id, step_id=call.step_id)
+
+
+def trace_write_started(*, run, call) -> dict[str, Any] | None:
+    """A `write` tool_call seen in a trace: create or find its operation.
+
+    Returns the evidence of a duplicate side effect when the same key was already executed and
+    its effect happened or may have (SUCCEEDED, UNKNOWN, RUNNING); None otherwise.
+    """
+    key = trace_key(call, run)
+    if key is None:
+        return None
+    fp = fingerprint(call.args)
+    now = timezone.now()
+    with transaction.atomic():
+        op, created = Operation.objects.select_for_update().get_or_create(
+            tenant_id=run.tenant_id,
+            operation_key=key,
+            defaults={
+                "tool": call.tool,
+                "fingerprint": fp,
+                "args": call.args,
+                "status": S.RUNNING,
+                "lease_owner": TRACE_WORKER,
+                "lease_expires_at": now + timedelta(seconds=TRACE_LEASE_S),
+                "source": "trace",
+                "run": run,
+                "call_id": call.call_id,
+                "step_id": call.step_id,
+                "attempts": 1,
+                "executions": 1,
+            },
+        )
+        if created:
+            OperationTransition.objects.create(
+                operation=op,
+                from_status="",
+                to_status=S.RUNNING,
+                actor=Actor.TRACE,
+                actor_id=run.run_id,
+                note="seen executing in a trace",
+            )
+            return None
+        previous = op.status
+        # An operation claimed through the API and traced too: its first traced call is that same
+        # execution. Only a second traced execution is a second effect.
+        seen_before = op.executions >= 1
+        op.executions += 1
+        duplicate = None
+        if seen_before and previous in (S.SUCCEEDED, S.UNKNOWN, S.RUNNING):
+            duplicate = {
+                "operation_key": key,
+                "previous_status": previous,
+                "executions": op.executions,
+                "same_arguments": fp == op.fingerprint,
+            }
+        if previous in (S.PENDING, S.RETRYABLE_FAILED):
+            op.attempts += 1
+            _move(op, S.RUNNING, actor=Actor.TRACE, actor_id=run.run_id, note="executed again (trace)")
+        if op.status == S.RUNNING and op.lease_owner in ("", TRACE_WORKER):
+            op.lease_owner, op.lease_expires_at = TRACE_WORKER, now + timedelta(seconds=TRACE_LEASE_S)
+        op.call_id = call.call_id
+        op.save()
+        return duplicate
+
+
+def trace_write_finished(*, run, call) -> None:
+    """The result of a traced write: ok -> SUCCEEDED, timeout -> UNKNOWN, a definitive error ->
+    FAILED, a transient one -> RETRYABLE_FAILED (a 503/429 answer: the service refused it), any
+    other error -> UNKNOWN (its effect is not ruled out)."""
+    key = trace_key(call, run)
+    if key is None:
+        return
+    with transaction.atomic():
+        op = Operation.objects.select_for_update().filter(tenant_id=run.tenant_id, operation_key=key).first()
+        if op is None or op.status != S.RUNNING or op.lease_owner != TRACE_WORKER:
+            return  # claimed through the API meanwhile, or already settled: the API's account wins
+        if call.external_request_id:
+            op.external_request_id = call.external_request_id
+        evidence = {"run_id": run.run_id, "call_id": call.call_id}
+        if call.result_status == "ok" and call.error_class not in NON_RETRYABLE:
+            op.result_json = orjson.dumps(call.result).decode()
+            op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
+            _move(op, S.SUCCEEDED, actor=Actor.TRACE, actor_id=run.run_id, evidence=evidence)
+        elif call.result_status == "timeout":
+            _move(
+                op,
+                S.UNKNOWN,
+                actor=Actor.TRACE,
+                actor_id=run.run_id,
+                note="timed out: the effect may have happened",
+                evidence=evidence,
+            )
+        else:
+            op.error_class, op.error = call.error_class or "other", call.result
+            if op.error_class in NON_RETRYABLE:
+                to = S.FAILED
+            elif op.error_class in RETRYABLE:
+                to = S.RETRYABLE_FAILED
+            else:
+                to = S.UNKNOWN
+            _move(
+                op,
+                to,
+                actor=Actor.TRACE,
+                actor_id=run.run_id,
+                note=f"{op.error_class} error",
+                evidence=evidence,
+            )
+        op.lease_expires_at = None
+        op.save()

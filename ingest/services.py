@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from ingest.detection import ACTIONS, Engine, RunState
 from ingest.events import ALERT_MESSAGE, alerts_group
+from ingest.ledger import trace_write_finished, trace_write_started
 from ingest.models import (
     ApiKey,
     Detection,
@@ -408,8 +409,8 @@ def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
             if not events:
                 return total
             run = Run.objects.only("tenant_id", "backend", "model", "task_type", "run_id").get(pk=run_pk)
-            _materialize(run, events)
-            published = _detect(run, cursor, events)
+            duplicates = _materialize(run, events)
+            published = _detect(run, cursor, events, duplicates)
             cursor.position = events[-1][0]
             cursor.processed += len(events)
             cursor.save(update_fields=["position", "processed", "engine_state", "updated_at"])
@@ -435,7 +436,12 @@ def run_reprocess(*, run_pk: int) -> int:
     return run_process(run_pk=run_pk)
 
 
-def _detect(run: Run, cursor: RunCursor, events: list[tuple[int, str, datetime, dict]]) -> list[dict]:
+def _detect(
+    run: Run,
+    cursor: RunCursor,
+    events: list[tuple[int, str, datetime, dict]],
+    found_elsewhere: list[Detection],
+) -> list[dict]:
     """Feed the events to the engine from where it stopped; store what it finds.
 
     Returns the alerts to publish (interventions) once the transaction has committed.
@@ -475,6 +481,9 @@ def _detect(run: Run, cursor: RunCursor, events: list[tuple[int, str, datetime, 
             )
             if found.action != "observe" and first_loop_ts is None:
                 first_loop_ts = ts
+    rows += found_elsewhere
+    if found_elsewhere and first_loop_ts is None:
+        first_loop_ts = found_elsewhere[0].ts
     cursor.engine_state = state.to_dict()
     figures: dict[str, Any] = {"last_progress_step": state.last_progress_step}
     if rows:
@@ -536,7 +545,7 @@ def alerts_publish(*, tenant_id: int, alerts: list[dict]) -> None:
         logger.exception("publishing %d alerts for tenant %s failed", len(alerts), tenant_id)
 
 
-def _materialize(run: Run, events: list[tuple[int, str, datetime, dict]]) -> None:
+def _materialize(run: Run, events: list[tuple[int, str, datetime, dict]]) -> list[Detection]:
     run_pk = run.pk
     result_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_result"}
     call_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_call"}
@@ -621,6 +630,44 @@ def _materialize(run: Run, events: list[tuple[int, str, datetime, dict]]) -> Non
     if consumed:
         PendingResult.objects.filter(pk__in=consumed).delete()
     PendingResult.objects.bulk_create(new_pending)
+    return _ledger_feed(run, new_calls, answered)
+
+
+def _ledger_feed(run: Run, new_calls: list[ToolCall], answered: list[ToolCall]) -> list[Detection]:
+    """Traced writes go into the ledger; a key executed a second time is a duplicate side effect."""
+    duplicates: list[Detection] = []
+    for call in new_calls:
+        if call.kind != ToolCall.Kind.WRITE:
+            continue
+        evidence = trace_write_started(run=run, call=call)
+        if evidence is not None:
+            duplicates.append(
+                Detection(
+                    tenant_id=run.tenant_id,
+                    run_id=run.pk,
+                    seq=call.seq,
+                    kind="duplicate_side_effect",
+                    action=Detection.Action.HANDOFF,
+                    signature=evidence["operation_key"][:64],
+                    tool=call.tool,
+                    count=evidence["executions"],
+                    at_round=call.round,
+                    backend=run.backend,
+                    model=run.model,
+                    task_type=run.task_type,
+                    evidence=evidence,
+                    hint=(
+                        f"{call.tool} ran again for operation {evidence['operation_key']} "
+                        f"(it was {evidence['previous_status']}): the effect may now exist twice. "
+                        "Check it downstream and compensate if needed."
+                    ),
+                    ts=call.ts,
+                )
+            )
+    for call in [*new_calls, *answered]:
+        if call.kind == ToolCall.Kind.WRITE and call.result_seq is not None:
+            trace_write_finished(run=run, call=call)
+    return duplicates
 
 
 RESULT_FIELDS = [
