@@ -168,3 +168,17 @@ def test_ledger_needs_its_scope_and_stays_in_the_tenant(api, tenant, other_tenan
 def test_not_json_is_a_400(api, key):
     assert api.post(CLAIM, b"{nope", key).status_code == 400
     assert orjson.loads(api.post(CLAIM, b"[]", key).content)["field"] == "body"
+
+
+def test_metrics_count_dedupe_hits_conflicts_and_contention(api, key, client, tenant, settings):
+    claim(api, key, op="m1")
+    claim(api, key, op="m1", worker="w2")  # live lease: contention (and a dedupe hit)
+    claim(api, key, op="m1", args={"sku": "B"}, worker="w3")  # conflict
+    text = client.get("/metrics").content.decode()
+    labels = f'tenant="{tenant.pk}",tool="place_order"'
+    for name in ("dedupe_hit_total", "lease_contention_total", "payload_conflict_total"):
+        line = next(line for line in text.splitlines() if line.startswith(f"{name}{{{labels}}}"))
+        assert float(line.split()[-1]) >= 1
+    settings.LOOPWATCH_METRICS_TOKEN = "s3cret"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
