@@ -434,7 +434,7 @@ def operations_purge(*, now: datetime | None = None) -> int:
             qs = qs.filter(tool=tool_kind)
         else:
             qs = qs.exclude(tool__in=[k for k in ttl_days if k != "default"])
-        deleted += qs.delete()[0]
+        deleted += qs.delete()[1].get(Operation._meta.label, 0)
     return deleted
 
 
