@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -81,8 +82,10 @@ def _move(
         evidence=evidence or {},
     )
     if to == S.UNKNOWN:
+        # A new period of not knowing: reconciliation starts over (its own attempts and backoff).
         op.unknown_since = timezone.now()
         op.next_reconcile_at = timezone.now()
+        op.reconcile_attempts = 0
         metrics.unknown_outcome(op)
     elif op.status == S.UNKNOWN and op.unknown_since:
         metrics.unknown_reconciled(op, (timezone.now() - op.unknown_since).total_seconds())
@@ -321,25 +324,34 @@ def leases_expire(*, now: datetime | None = None, batch: int = 200) -> int:
     return done
 
 
-def reconcile_due(*, now: datetime | None = None, batch: int = 50) -> int:
+def reconcile_due(*, now: datetime | None = None, batch: int = 50, budget_s: float = 180.0) -> int:
     """Ask the downstream about UNKNOWN operations that are due; returns how many were asked.
 
-    1. Claim due UNKNOWN rows with SELECT ... FOR UPDATE SKIP LOCKED (other reconcilers skip them).
-    2. For each, call its tool's reconciler (timeout per request).
+    1. Claim one due UNKNOWN row at a time with SELECT ... FOR UPDATE SKIP LOCKED, in a transaction
+       of its own: only the operation being asked about is locked, and others reconcile the rest.
+    2. Call its tool's reconciler (a timeout per request).
     3. Done -> SUCCEEDED with the answer as evidence; provably not done -> RETRYABLE_FAILED;
        anything else -> stays UNKNOWN, next try after an exponential backoff with jitter, and after
        max_attempts or give_up_after_min the operation needs a person.
+    Stops after `batch` operations or `budget_s` seconds, well inside the task's time limit, so that
+    a hanging downstream cannot roll back what was already decided.
     """
-    now = now or timezone.now()
+    started = time.monotonic()
     asked = 0
     reconcilers = {r.tool: r for r in Reconciler.objects.all()}
-    with transaction.atomic():
-        due = list(
-            Operation.objects.select_for_update(skip_locked=True)
-            .filter(status=S.UNKNOWN, needs_person=False, next_reconcile_at__lte=now)
-            .order_by("next_reconcile_at")[:batch]
-        )
-        for op in due:
+    for _ in range(batch):
+        if time.monotonic() - started > budget_s:
+            break
+        moment = now or timezone.now()
+        with transaction.atomic():
+            op = (
+                Operation.objects.select_for_update(skip_locked=True)
+                .filter(status=S.UNKNOWN, needs_person=False, next_reconcile_at__lte=moment)
+                .order_by("next_reconcile_at")
+                .first()
+            )
+            if op is None:
+                break
             reconciler = reconcilers.get(op.tool)
             if reconciler is None:
                 op.needs_person = True
@@ -348,37 +360,38 @@ def reconcile_due(*, now: datetime | None = None, batch: int = 50) -> int:
                 continue
             asked += 1
             verdict, answer = reconciler_ask(reconciler, op)
-            op.reconcile_attempts += 1
-            op.last_reconcile = {"at": now.isoformat(), "verdict": verdict, **answer}
-            if verdict == "done":
-                _move(
-                    op,
-                    S.SUCCEEDED,
-                    actor=Actor.RECONCILER,
-                    note="the downstream says it happened",
-                    evidence=answer,
-                )
-                if op.result_json is None and "body" in answer:
-                    op.result_json = orjson.dumps(answer["body"]).decode()
-            elif verdict == "not_done":
-                _move(
-                    op,
-                    S.RETRYABLE_FAILED,
-                    actor=Actor.RECONCILER,
-                    note="the downstream says it did not happen",
-                    evidence=answer,
-                )
-            else:
-                delay = RECONCILE_BACKOFF_S[min(op.reconcile_attempts - 1, len(RECONCILE_BACKOFF_S) - 1)]
-                op.next_reconcile_at = now + timedelta(seconds=delay * random.uniform(0.5, 1.5))
-                age_min = (now - (op.unknown_since or now)).total_seconds() / 60
-                if (
-                    op.reconcile_attempts >= reconciler.max_attempts
-                    or age_min >= reconciler.give_up_after_min
-                ):
-                    op.needs_person = True
-            op.save()
+            _reconciled(op, reconciler, verdict, answer, moment)
     return asked
+
+
+def _reconciled(
+    op: Operation, reconciler: Reconciler, verdict: str, answer: dict[str, Any], now: datetime
+) -> None:
+    op.reconcile_attempts += 1
+    op.last_reconcile = {"at": now.isoformat(), "verdict": verdict, **answer}
+    if verdict == "done":
+        _move(
+            op, S.SUCCEEDED, actor=Actor.RECONCILER, note="the downstream says it happened", evidence=answer
+        )
+        if op.result_json is None and "body" in answer:
+            # The tool's own answer never came; the downstream's record of the effect is the best result.
+            op.result_json = orjson.dumps(answer["body"]).decode()
+            op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
+    elif verdict == "not_done":
+        _move(
+            op,
+            S.RETRYABLE_FAILED,
+            actor=Actor.RECONCILER,
+            note="the downstream says it did not happen",
+            evidence=answer,
+        )
+    else:
+        delay = RECONCILE_BACKOFF_S[min(op.reconcile_attempts - 1, len(RECONCILE_BACKOFF_S) - 1)]
+        op.next_reconcile_at = now + timedelta(seconds=delay * random.uniform(0.5, 1.5))
+        age_min = (now - (op.unknown_since or now)).total_seconds() / 60
+        if op.reconcile_attempts >= reconciler.max_attempts or age_min >= reconciler.give_up_after_min:
+            op.needs_person = True
+    op.save()
 
 
 def reconciler_ask(reconciler: Reconciler, op: Operation) -> tuple[str, dict[str, Any]]:
