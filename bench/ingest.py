@@ -10,7 +10,8 @@
    queued to Redis, nothing consumes them), and waits until it answers.
 3. REST: --clients processes, each with its own stream of generated trace events (~600 bytes,
    runs interleaved, pre-serialised with orjson before the clock starts), POST batches of --batch
-   events over one keep-alive connection each. Every answer must be 200 with accepted == batch size.
+   events over keep-alive connections, a new one every --reconnect-every batches (so that the
+   connections spread over the uvicorn workers). Every answer must be 200 with accepted == batch size.
 4. Stops the server, then the ceiling: the same rows (run ids mapped to fresh ints) copied with
    psycopg COPY into bench_ceiling (LIKE ingest_event INCLUDING ALL), one transaction per --batch
    rows, from --clients processes, then again from a single process.
@@ -51,6 +52,7 @@ TENANT = "bench"
 CEILING_TABLE = "bench_ceiling"
 COPY_COLUMNS = "(tenant_id, run_id, seq, event_id, type, ts, body)"
 TARGET = 0.50  # REST / COPY ratio to reach
+WARM_UP = 4  # warm-up batches per client, each over a new connection
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -339,7 +341,12 @@ def _post(conn: http.client.HTTPConnection, body: bytes, key: str) -> tuple[int,
 
 
 def rest_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
-    """Send this client's batches over one keep-alive connection; report counts and latencies."""
+    """Send this client's batches over keep-alive connections; report counts and latencies.
+
+    A connection stays on the worker that accepted it: a new one every cfg["reconnect_every"] batches
+    (0: one for the whole run) lets the kernel hand the client to whichever worker accepts it, so that
+    4 clients do not end up on one of 2 workers for the whole run.
+    """
     try:
         stream = client_stream(cfg["seed"], idx, cfg["per_client"][idx], cfg["pool"], cfg["prefix"])
         events = [e for _, e in stream]
@@ -350,13 +357,16 @@ def rest_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
             for i in range(0, len(events), batch)
         ]
         del stream, events
-        # Warm-up: one small batch of its own run, so the worker that answers has its DB connection.
-        warm = [e for _, e in client_stream(cfg["seed"] + 1, idx, 5, 1, cfg["prefix"] + "-warm")]
-        conn = http.client.HTTPConnection(HOST, cfg["port"], timeout=cfg["request_timeout"])
-        status, data = _post(conn, orjson.dumps(warm), key)
-        conn.close()
-        if status != 200:
-            raise RuntimeError(f"warm-up batch answered {status}: {data[:300]!r}")
+        # Warm-up: small batches of its own run, each over a new connection, so that every worker (not
+        # only the first to accept) has its DB connection and has sent its first detection task (the
+        # broker connection and its imports: ~0.2 s of CPU once per worker) before the clock starts.
+        warm = [e for _, e in client_stream(cfg["seed"] + 1, idx, 5 * WARM_UP, 1, cfg["prefix"] + "-warm")]
+        for i in range(WARM_UP):
+            conn = http.client.HTTPConnection(HOST, cfg["port"], timeout=cfg["request_timeout"])
+            status, data = _post(conn, orjson.dumps(warm[5 * i : 5 * i + 5]), key)
+            conn.close()
+            if status != 200:
+                raise RuntimeError(f"warm-up batch answered {status}: {data[:300]!r}")
 
         barrier.wait(timeout=cfg["timeout"])
         cpu0 = time.process_time()
@@ -366,7 +376,11 @@ def rest_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
         latencies: list[float] = []
         failed_batches = failed_events = 0
         failures: list[str] = []
+        reconnect = cfg["reconnect_every"]
         for n, (body, count) in enumerate(bodies):
+            if reconnect and n and n % reconnect == 0:
+                conn.close()
+                conn = http.client.HTTPConnection(HOST, cfg["port"], timeout=cfg["request_timeout"])
             if time.monotonic() > deadline:
                 left = bodies[n:]
                 failed_batches += len(left)
@@ -843,6 +857,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-timeout", type=float, default=60.0, help="socket timeout of one batch")
     parser.add_argument("--seed", type=int, default=None, help="generator seed (default: random)")
     parser.add_argument(
+        "--reconnect-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="each client opens a new connection every N batches (default 1; 0: one keep-alive "
+        "connection for the whole run, which can leave a worker idle)",
+    )
+    parser.add_argument(
         "--py-spy",
         metavar="OUT",
         help="record one server worker with py-spy during REST "
@@ -865,6 +887,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("events", "batch", "clients", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.reconnect_every < 0:
+        parser.error("--reconnect-every must be 0 or more")
     if args.events < args.batch * args.clients:
         parser.error("--events must be at least --batch x --clients (every client sends whole batches)")
     db_name = urlsplit(args.database_url).path.lstrip("/")
@@ -891,6 +915,7 @@ def main(argv: list[str] | None = None) -> int:
         "port": args.port,
         "timeout": args.timeout,
         "request_timeout": min(args.request_timeout, args.timeout),
+        "reconnect_every": args.reconnect_every,
         "database_url": args.database_url,
     }
     env = server_env(args)
@@ -1094,7 +1119,12 @@ def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, idl
     )
     print(
         f"load             : {args.events} events, mean {mean_size:.0f} bytes (orjson), batch {args.batch}, "
-        f"clients {args.clients}, workers {args.workers}"
+        f"clients {args.clients}, workers {args.workers}, "
+        + (
+            f"new connection every {args.reconnect_every} batches"
+            if args.reconnect_every
+            else "one connection each"
+        )
     )
     warn = "   <-- OTHER LOAD: figures skewed" if idle_busy > 0.10 else ""
     print(

@@ -233,7 +233,36 @@ def validate_event(ev: Any) -> datetime:
     """Check one event; return its parsed `ts`. Raises EventError on the first wrong field.
 
     Integral floats in integer fields are rewritten as ints in place.
+
+    Most events are plain and valid: a fast path checks those with a few inline type and
+    range tests and returns their `ts`. Anything it does not take as certainly fine (an error,
+    a float to rewrite, a dict subclass, a rare type) goes through the full check below, which
+    alone decides the verdict and the message.
     """
+    if type(ev) is dict:
+        get = ev.get
+        kind = get("type")
+        fast = _FAST.get(kind) if type(kind) is str else None
+        if fast is not None:
+            run_id = get("run_id")
+            raw_ts = get("ts")
+            event_id = get("event_id", _ABSENT)
+            if (
+                type(run_id) is str
+                and 0 < len(run_id) <= 200
+                and type(raw_ts) is str
+                and (event_id is _ABSENT or (type(event_id) is str and 0 < len(event_id) <= 200))
+                and fast(get)
+                and _ts_match(raw_ts)
+            ):
+                try:
+                    return _fromisoformat(raw_ts)
+                except ValueError:
+                    pass  # the full check names the error
+    return _validate_event(ev)
+
+
+def _validate_event(ev: Any) -> datetime:
     if not isinstance(ev, dict):
         raise EventError("", f"must be an object (an event), not {_type_name(ev)}")
     if "type" not in ev:
@@ -251,6 +280,88 @@ def validate_event(ev: Any) -> datetime:
     _string(ev, "event_id", min_len=1, max_len=200)
     check(ev)
     return ts
+
+
+# --- the fast path: True only when the full check would pass without rewriting anything ----------
+# Each takes the event's dict.get. Exact types (`type(x) is int` is never a bool) and frozensets of
+# the same choices as the full check; a missing optional field is _ABSENT.
+
+_ABSENT = object()
+_ts_match = _RFC3339.match
+_fromisoformat = datetime.fromisoformat
+_TOOL_KINDS = frozenset(TOOL_KINDS)
+_RESULT_STATUSES = frozenset(RESULT_STATUSES)
+_ERROR_CLASSES = frozenset(ERROR_CLASSES)
+
+
+def _fast_model_round(get) -> bool:
+    value = get("round")
+    if type(value) is not int or not 1 <= value <= MAX_INT:
+        return False
+    value = get("input_tokens", _ABSENT)
+    if value is not _ABSENT and (type(value) is not int or not 0 <= value <= MAX_INT):
+        return False
+    value = get("output_tokens", _ABSENT)
+    if value is not _ABSENT and (type(value) is not int or not 0 <= value <= MAX_INT):
+        return False
+    value = get("cost_usd", _ABSENT)
+    if value is not _ABSENT and ((type(value) is not float and type(value) is not int) or not value >= 0):
+        return False
+    value = get("text", _ABSENT)
+    return value is _ABSENT or type(value) is str
+
+
+def _fast_tool_call(get) -> bool:
+    value = get("round")
+    if type(value) is not int or not 1 <= value <= MAX_INT:
+        return False
+    value = get("call_id")
+    if type(value) is not str or not 0 < len(value) <= 200:
+        return False
+    value = get("tool")
+    if type(value) is not str or not 0 < len(value) <= 200:
+        return False
+    if type(get("args")) is not dict:
+        return False
+    value = get("kind", _ABSENT)
+    if value is not _ABSENT and (type(value) is not str or value not in _TOOL_KINDS):
+        return False
+    value = get("step_id", _ABSENT)
+    if value is not _ABSENT and (type(value) is not str or not 0 < len(value) <= 200):
+        return False
+    value = get("operation_key", _ABSENT)
+    return value is _ABSENT or (type(value) is str and 0 < len(value) <= 500)
+
+
+def _fast_tool_result(get) -> bool:
+    value = get("call_id")
+    if type(value) is not str or not 0 < len(value) <= 200:
+        return False
+    value = get("status")
+    if type(value) is not str or value not in _RESULT_STATUSES:
+        return False
+    value = get("result_truncated", _ABSENT)
+    if value is not _ABSENT and type(value) is not bool:
+        return False
+    value = get("result_sha256", _ABSENT)
+    if value is not _ABSENT and (type(value) is not str or not _SHA256.match(value)):
+        return False
+    value = get("error_class", _ABSENT)
+    if value is not _ABSENT and (type(value) is not str or value not in _ERROR_CLASSES):
+        return False
+    value = get("latency_ms", _ABSENT)
+    if value is not _ABSENT and ((type(value) is not float and type(value) is not int) or not value >= 0):
+        return False
+    value = get("external_request_id", _ABSENT)
+    return value is _ABSENT or (type(value) is str and len(value) <= 500)
+
+
+# The three types that make up nearly every batch; the others take the full check.
+_FAST = {
+    "tool_call": _fast_tool_call,
+    "tool_result": _fast_tool_result,
+    "model_round": _fast_model_round,
+}
 
 
 def find_nul(value: Any, path: str = "") -> str | None:

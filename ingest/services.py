@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
+import math
+import operator
+import os
 import secrets
+import struct
+import threading
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
@@ -20,8 +27,10 @@ from ingest.events import ALERT_MESSAGE, alerts_group
 from ingest.ledger import trace_write_finished, trace_write_started
 from ingest.models import (
     ApiKey,
+    Backend,
     Detection,
     Event,
+    ModelPrice,
     ModelRound,
     PendingResult,
     Run,
@@ -117,12 +126,9 @@ def _rejected(index: int, field_name: str, reason: str) -> Verdict:
     }
 
 
-@dataclass
-class _Valid:
-    index: int
-    event: dict[str, Any]
-    ts: datetime
-    body: bytes
+# A valid event on its way to storage: (index in the batch, event, parsed ts, stored body). A plain
+# tuple: a dataclass instance per event cost more than the checks around it.
+_Valid = tuple[int, dict[str, Any], datetime, bytes]
 
 
 def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) -> IngestResult:
@@ -138,13 +144,15 @@ def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) ->
     verdicts: list[Verdict | None] = [None] * len(events)
     valid: list[_Valid] = []
     seen: set[tuple[str, str]] = set()
+    slug = tenant.slug
+    dumps = orjson.dumps
     for index, event in enumerate(events):
         try:
             ts = validate_event(event)
         except EventError as exc:
             verdicts[index] = _rejected(index, exc.field, exc.reason)
             continue
-        body = orjson.dumps(event)
+        body = dumps(event)
         if len(body) > max_event_bytes:
             raise EventTooLarge(index, len(body), max_event_bytes)
         if b"\\u0000" in body:
@@ -152,10 +160,8 @@ def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) ->
             if nul_path is not None:
                 verdicts[index] = _rejected(index, nul_path, "must not contain the character U+0000 (NUL)")
                 continue
-        if event["type"] == "run_started" and event.get("tenant", tenant.slug) != tenant.slug:
-            verdicts[index] = _rejected(
-                index, "tenant", f"must be the API key's tenant {tenant.slug!r} or left out"
-            )
+        if event["type"] == "run_started" and event.get("tenant", slug) != slug:
+            verdicts[index] = _rejected(index, "tenant", f"must be the API key's tenant {slug!r} or left out")
             continue
         event_id = event.get("event_id")
         if event_id is not None:
@@ -164,93 +170,45 @@ def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) ->
                 verdicts[index] = {"index": index, "status": "duplicate"}
                 continue
             seen.add(pair)
-        valid.append(_Valid(index, event, ts, body))
+        valid.append((index, event, ts, body))
 
     runs_touched: list[int] = []
     if valid:
-        with transaction.atomic():
-            runs_touched = _store(tenant, valid, verdicts)
+        runs_touched = _store_atomic(tenant, valid, verdicts)
         transaction.on_commit(lambda: _enqueue_detection(runs_touched), robust=True)
     return IngestResult(verdicts=[v for v in verdicts if v is not None], runs_touched=runs_touched)
 
 
-def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run]:
-    # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
-    _insert_missing(Run, Run(tenant=tenant), "run_id", sorted(run_ids))
-    runs = {
-        run.run_id: run
-        for run in Run.objects.select_for_update().filter(tenant=tenant, run_id__in=run_ids).order_by("pk")
-    }
-    fresh = [run.pk for run in runs.values() if run.events_count == 0]
-    if fresh:
-        _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
-    return runs
+# The unique index that finds an event_id already stored for its run (ingest.models.Event).
+EVENT_ID_CONSTRAINT = "event_run_event_id_uniq"
 
 
-def _insert_missing(model: type[models.Model], template: models.Model, key: str, values: list) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING of one row per value of `key`, the other columns as in template.
+def _store_atomic(tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None]) -> list[int]:
+    """_store() in a transaction (a savepoint inside another).
 
-    On PostgreSQL one statement over unnest(): bulk_create() spent more CPU preparing 50 model
-    instances than the database spent storing the batch's thousand events.
+    On PostgreSQL the events go in first without looking for stored duplicates: the unique
+    (run, event_id) index checks every row of the COPY anyway. When it finds one, that transaction
+    is rolled back and the batch stored again, this time dropping what is already stored: the
+    outcome is the same as checking first, and a batch without duplicates (nearly all of them)
+    saves the lookup of its thousand event_ids.
     """
-    if connection.vendor != "postgresql":
-        rows = []
-        for value in values:
-            row = copy.copy(template)
-            setattr(row, key, value)
-            rows.append(row)
-        model.objects.bulk_create(rows, ignore_conflicts=True)
-        return
-    key_field = next(f for f in model._meta.concrete_fields if f.attname == key)
-    fields = [
-        f for f in model._meta.concrete_fields if f is not key_field and f is not model._meta.auto_field
-    ]
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in [*fields, key_field])
-    sql = (
-        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
-        f"SELECT {'%s, ' * len(fields)}k FROM unnest(%s::{key_field.db_type(connection)}[]) AS u(k) "
-        "ON CONFLICT DO NOTHING"
-    )
-    params = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, values])
+    if connection.vendor == "postgresql":
+        try:
+            with transaction.atomic():
+                return _store(tenant, valid, verdicts, check_stored=False)
+        except Exception as exc:
+            if not _is_event_id_conflict(exc):
+                raise
+    with transaction.atomic():
+        return _store(tenant, valid, verdicts, check_stored=True)
 
 
-def _store(tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None]) -> list[int]:
-    runs = _runs_lock(tenant, list(dict.fromkeys(v.event["run_id"] for v in valid)))
-    # Only runs that already hold events can hold a duplicate of this batch's events.
-    older = {run.pk for run in runs.values() if run.events_count}
-    event_ids = {
-        v.event["event_id"] for v in valid if "event_id" in v.event and runs[v.event["run_id"]].pk in older
-    }
-    stored = _events_stored(older, event_ids) if event_ids else set()
-    rows: list[tuple] = []
-    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    changed: dict[int, Run] = {}
-    for item in valid:
-        event = item.event
-        run = runs[event["run_id"]]
-        event_id = event.get("event_id")
-        if event_id is not None and (run.pk, event_id) in stored:
-            verdicts[item.index] = {"index": item.index, "status": "duplicate"}
-            continue
-        run.events_count += 1
-        rows.append((tenant.pk, run.pk, run.events_count, event_id, event["type"], item.ts, item.body))
-        if _run_apply(run, event, item.ts):
-            unpriced[run.pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
-        changed[run.pk] = run
-        verdicts[item.index] = {"index": item.index, "status": "accepted"}
-    if not rows:
-        return []
-    if unpriced:
-        book = PriceBook({(changed[pk].backend, changed[pk].model) for pk in unpriced})
-        for pk, usage in unpriced.items():
-            price = book.price(changed[pk].backend, changed[pk].model)
-            changed[pk].cost_usd += sum(price.cost(i, o) for i, o in usage)
-    _events_insert(rows)
-    _runs_update(list(changed.values()))
-    return list(changed)
+def _is_event_id_conflict(exc: BaseException) -> bool:
+    for err in (exc, exc.__cause__):
+        diag = getattr(err, "diag", None)
+        if diag is not None and getattr(err, "sqlstate", None) == "23505":
+            return diag.constraint_name == EVENT_ID_CONSTRAINT
+    return False
 
 
 RUN_FIGURES = [
@@ -275,6 +233,196 @@ RUN_FIGURES = [
     "cost_usd",
     "events_count",
 ]
+JSON_FIGURES = ("budgets", "labels")
+# What only run_started (agent ... labels) and run_finished (status ... finished_at) set. On PostgreSQL
+# the UPDATE leaves them as stored for a run without such an event in the batch (it sends none).
+DESCRIPTION_FIGURES = (
+    *("agent", "task_type", "backend", "model", "budgets", "labels"),
+    *("status", "terminated_by", "budget_type", "reason", "finished_at"),
+)
+# On PostgreSQL these are merged into the stored values by the UPDATE itself (the earliest start, the
+# latest event, the batch's last finish if any): the lock does not read them (parsing a timestamp
+# column back is a Python function per value, a third of the lock's CPU).
+TIME_FIGURES = ("started_at", "finished_at", "last_event_at")
+
+
+class _RunRow:
+    """A locked run's pk, run_id and figures (RUN_FIGURES), as _run_apply updates them (PostgreSQL).
+
+    Read with one SELECT ... FOR UPDATE instead of model instances, which cost more CPU than the rest
+    of the run's share of a batch. budgets and labels stay the stored JSON text, as orjson fragments
+    (written back as they are), until an event replaces them. The TIME_FIGURES start as None: they
+    hold the batch's own values, which the UPDATE merges with the stored ones.
+    """
+
+    __slots__ = ("pk", "run_id", *RUN_FIGURES)
+    # The columns the lock reads, in this order (the SELECT is built from it).
+    LOCKED = (
+        *("pk", "run_id", "agent", "task_type", "backend", "model", "budgets", "labels"),
+        *("status", "terminated_by", "budget_type", "reason", "rounds", "tool_calls", "tool_errors"),
+        *("input_tokens", "output_tokens", "cost_usd", "events_count"),
+    )
+
+    def __init__(self, values: tuple) -> None:
+        (
+            self.pk,
+            self.run_id,
+            self.agent,
+            self.task_type,
+            self.backend,
+            self.model,
+            budgets,
+            labels,
+            self.status,
+            self.terminated_by,
+            self.budget_type,
+            self.reason,
+            self.rounds,
+            self.tool_calls,
+            self.tool_errors,
+            self.input_tokens,
+            self.output_tokens,
+            self.cost_usd,
+            self.events_count,
+        ) = values
+        self.budgets = orjson.Fragment(budgets)
+        self.labels = orjson.Fragment(labels)
+        self.started_at = self.finished_at = self.last_event_at = None
+
+
+assert set(_RunRow.LOCKED) | set(TIME_FIGURES) == set(_RunRow.__slots__)
+
+
+def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run | _RunRow]:
+    # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
+    _insert_missing(Run, Run(tenant=tenant), "run_id", sorted(run_ids))
+    if connection.vendor != "postgresql":
+        return {
+            run.run_id: run
+            for run in Run.objects.select_for_update()
+            .filter(tenant=tenant, run_id__in=run_ids)
+            .order_by("pk")
+        }
+    with connection.cursor() as cursor:
+        cursor.execute(_run_statements()[0], [tenant.pk, run_ids])
+        return {row[1]: _RunRow(row) for row in cursor.fetchall()}
+
+
+def _insert_missing_sql(model: type[models.Model], template: models.Model, key: str, values: list) -> tuple:
+    """INSERT ... ON CONFLICT DO NOTHING of one row per value of `key`, the other columns as in
+    template, as one statement over unnest() (PostgreSQL): (sql, params)."""
+    key_field = next(f for f in model._meta.concrete_fields if f.attname == key)
+    fields = [
+        f for f in model._meta.concrete_fields if f is not key_field and f is not model._meta.auto_field
+    ]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in [*fields, key_field])
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
+        f"SELECT {'%s, ' * len(fields)}k FROM unnest(%s::{key_field.db_type(connection)}[]) AS u(k) "
+        "ON CONFLICT DO NOTHING"
+    )
+    params = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
+    return sql, [*params, values]
+
+
+def _insert_missing(model: type[models.Model], template: models.Model, key: str, values: list) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING of one row per value of `key`, the other columns as in template.
+
+    On PostgreSQL one statement over unnest(): bulk_create() spent more CPU preparing 50 model
+    instances than the database spent storing the batch's thousand events.
+    """
+    if connection.vendor != "postgresql":
+        rows = []
+        for value in values:
+            row = copy.copy(template)
+            setattr(row, key, value)
+            rows.append(row)
+        model.objects.bulk_create(rows, ignore_conflicts=True)
+        return
+    sql, params = _insert_missing_sql(model, template, key, values)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _store(
+    tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None], *, check_stored: bool
+) -> list[int]:
+    runs = _runs_lock(tenant, list(dict.fromkeys(item[1]["run_id"] for item in valid)))
+    # Runs without events get their detection cursor (with the runs' update, in the same transaction).
+    fresh = [run.pk for run in runs.values() if run.events_count == 0]
+    stored: set[tuple[int, str]] = set()
+    if check_stored:
+        # Only runs that already hold events can hold a duplicate of this batch's events.
+        older = {run.pk for run in runs.values() if run.events_count}
+        event_ids = {
+            event["event_id"]
+            for _, event, _, _ in valid
+            if "event_id" in event and runs[event["run_id"]].pk in older
+        }
+        stored = _events_stored(older, event_ids) if event_ids else set()
+    rows: list[tuple] = []
+    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    changed: dict[int, Run | _RunRow] = {}
+    described: set[int] = set()  # runs whose DESCRIPTION figures this batch sets
+    for index, event, ts, body in valid:
+        run = runs[event["run_id"]]
+        run_pk = run.pk
+        event_id = event.get("event_id")
+        if stored and event_id is not None and (run_pk, event_id) in stored:
+            verdicts[index] = {"index": index, "status": "duplicate"}
+            continue
+        seq = run.events_count = run.events_count + 1
+        kind = event["type"]
+        rows.append((run_pk, seq, event_id, kind, ts, body))
+        if _run_apply(run, event, ts):
+            unpriced[run_pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
+        elif kind == "run_started" or kind == "run_finished":
+            described.add(run_pk)
+        changed[run_pk] = run
+        verdicts[index] = {"index": index, "status": "accepted"}
+    if not rows:
+        if fresh:
+            _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
+        return []
+    if unpriced:
+        pairs = {(changed[pk].backend, changed[pk].model) for pk in unpriced}
+        book = _PriceBook(pairs) if connection.vendor == "postgresql" else PriceBook(pairs)
+        for pk, usage in unpriced.items():
+            price = book.price(changed[pk].backend, changed[pk].model)
+            changed[pk].cost_usd += sum(price.cost(i, o) for i, o in usage)
+    # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
+    rows.sort(key=_BY_RUN)
+    _events_insert(tenant.pk, rows)
+    _runs_update(list(changed.values()), fresh, described)
+    return list(changed)
+
+
+_BY_RUN = operator.itemgetter(0)
+
+
+@functools.cache
+def _run_statements() -> tuple[str, str]:
+    """PostgreSQL: the SELECT ... FOR UPDATE of a batch's runs and the UPDATE of their figures."""
+    table = Run._meta.db_table
+    column = {name: Run._meta.get_field(name).column for name in ("run_id", "tenant", *RUN_FIGURES)}
+    column["pk"] = Run._meta.pk.column
+    locked = ", ".join(f'"{column[name]}"' for name in _RunRow.LOCKED)
+    lock = (
+        f'SELECT {locked} FROM "{table}" WHERE "{column["tenant"]}" = %s AND "{column["run_id"]}" = ANY(%s) '
+        f'ORDER BY "{column["pk"]}" FOR UPDATE'
+    )
+    # One statement for all the runs, their rows given as one JSON array read as rows of the table.
+    merge = {"started_at": "LEAST(r.{0}, v.{0})", "last_event_at": "GREATEST(r.{0}, v.{0})"}
+    merge.update((name, "COALESCE(v.{0}, r.{0})") for name in DESCRIPTION_FIGURES)
+    assignments = ", ".join(
+        f'"{column[name]}" = ' + merge.get(name, "v.{0}").format(f'"{column[name]}"') for name in RUN_FIGURES
+    )
+    update = (
+        f'UPDATE "{table}" AS r SET {assignments} FROM json_populate_recordset(NULL::"{table}", %s::json) AS v '
+        f'WHERE r."{column["pk"]}" = v."{column["pk"]}"'
+    )
+    return lock, update
 
 
 def _events_stored(run_pks: set[int], event_ids: set[str]) -> set[tuple[int, str]]:
@@ -293,21 +441,49 @@ def _events_stored(run_pks: set[int], event_ids: set[str]) -> set[tuple[int, str
     )
 
 
-def _runs_update(runs: list[Run]) -> None:
-    """One UPDATE per run, sent with executemany (a pipeline on psycopg 3).
+def _runs_update(runs: list[Run | _RunRow], fresh: list[int], described: set[int]) -> None:
+    """Write the runs' figures, and create the detection cursors of the fresh runs.
 
-    Not bulk_update(): its CASE ... WHEN expressions cost Django ~2 ms of CPU per run, most of a batch.
+    On PostgreSQL one statement: UPDATE ... FROM json_populate_recordset() of the figures as one JSON
+    array (_RunRow: TIME_FIGURES merged; DESCRIPTION_FIGURES only for the `described` runs, the others
+    keep theirs), with the cursors' INSERT in a WITH clause. Elsewhere one UPDATE per run
+    (executemany). Not bulk_update(): its CASE ... WHEN expressions cost Django ~2 ms of CPU per
+    run, most of a batch.
     """
+    if connection.vendor == "postgresql":
+        names = ("pk", *RUN_FIGURES)
+        columns = [Run._meta.pk.column, *(Run._meta.get_field(name).column for name in RUN_FIGURES)]
+        counted = [(c, n) for c, n in zip(columns, names, strict=True) if n not in DESCRIPTION_FIGURES]
+        cost = Run._meta.get_field("cost_usd").column
+        data = []
+        for run in runs:
+            if run.pk in described:
+                row = {column: getattr(run, name) for column, name in zip(columns, names, strict=True)}
+            else:
+                row = {column: getattr(run, name) for column, name in counted}
+            if not math.isfinite(run.cost_usd):  # JSON has no number for it; the column reads the text
+                row[cost] = _FLOAT_TEXT.get(run.cost_usd, "NaN")
+            data.append(row)
+        sql = _run_statements()[1]
+        params: list = [orjson.dumps(data).decode()]
+        if fresh:
+            cursor_sql, cursor_params = _insert_missing_sql(RunCursor, RunCursor(), "run_id", fresh)
+            sql = f"WITH cursors AS ({cursor_sql}) {sql}"
+            params = [*cursor_params, *params]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        return
+    if fresh:
+        _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
     fields = [Run._meta.get_field(name) for name in RUN_FIGURES]
-    cast = "::jsonb" if connection.vendor == "postgresql" else ""
-    assignments = ", ".join(
-        f"{connection.ops.quote_name(f.column)} = %s{cast if f.get_internal_type() == 'JSONField' else ''}"
-        for f in fields
-    )
+    assignments = ", ".join(f"{connection.ops.quote_name(f.column)} = %s" for f in fields)
     sql = f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {assignments} WHERE id = %s"
     params = [[_db_value(f, getattr(run, f.attname)) for f in fields] + [run.pk] for run in runs]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
+
+
+_FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
 def _db_value(field, value: Any) -> Any:
@@ -317,6 +493,25 @@ def _db_value(field, value: Any) -> Any:
     if kind == "DateTimeField":
         return connection.ops.adapt_datetimefield_value(value)
     return value
+
+
+class _PriceBook(PriceBook):
+    """PriceBook's prices and markups in one query on PostgreSQL (two through the ORM)."""
+
+    def __init__(self, pairs: set[tuple[str, str]]) -> None:
+        self._markup = {}
+        self._prices = {}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT b.name, b.markup, p.model, p.input_usd_per_mtok, p.output_usd_per_mtok "
+                f"FROM {Backend._meta.db_table} b LEFT JOIN {ModelPrice._meta.db_table} p "
+                "ON p.backend_id = b.id WHERE b.name = ANY(%s)",
+                [sorted({b for b, _ in pairs})],
+            )
+            for name, markup, model, input_price, output_price in cursor.fetchall():
+                self._markup[name] = float(markup)
+                if model is not None:
+                    self._prices[(name, model)] = (input_price, output_price)
 
 
 def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
@@ -356,29 +551,101 @@ def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
 
 
 EVENT_COPY_SQL = "COPY ingest_event (tenant_id, run_id, seq, event_id, type, ts, body) FROM STDIN"
+EVENT_COPY_BINARY_SQL = EVENT_COPY_SQL + " (FORMAT BINARY)"
+
+# PostgreSQL's binary COPY format: a header, per row the field count then each field as its length
+# (-1 for NULL) and its bytes, a trailer. The field types must be the columns' own: int8 tenant_id and
+# run_id, int4 seq, text event_id and type, timestamptz ts (int8 microseconds since 2000-01-01 UTC),
+# jsonb body (a version byte, 1, then the JSON text).
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+_COPY_TRAILER = b"\xff\xff"
+_COPY_ROW_HEAD = struct.Struct(">hiqiq").pack  # 7 fields, tenant_id, run_id
+_COPY_SEQ_ID = struct.Struct(">iii").pack  # seq, then the event_id's length
+_COPY_TS_BODY = struct.Struct(">iqib").pack  # ts, then the body's length and jsonb version
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
+_COPY_TYPES: dict[str, bytes] = {}
 
 
-def _events_insert(rows: list[tuple]) -> None:
-    """One COPY on PostgreSQL (the hot path); a bulk insert elsewhere."""
+def _events_insert(tenant_pk: int, rows: list[tuple]) -> None:
+    """One binary COPY on PostgreSQL (the hot path); a bulk insert elsewhere.
+
+    rows: (run pk, seq, event_id, type, ts, body). The binary rows are built here rather than by
+    copy.write_row(): that formatted and escaped every value, and PostgreSQL then parsed the text
+    back; binary spares both sides most of it (the body is JSON text either way).
+    """
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor, cursor.copy(EVENT_COPY_SQL) as copy:
-            for tenant_id, run_id, seq, event_id, kind, ts, body in rows:
-                copy.write_row((tenant_id, run_id, seq, event_id, kind, ts, body.decode()))
+        parts = [_COPY_HEADER]
+        append = parts.append
+        head_pk = head = None
+        types = _COPY_TYPES
+        for run_pk, seq, event_id, kind, ts, body in rows:
+            if run_pk != head_pk:
+                head_pk, head = run_pk, _COPY_ROW_HEAD(7, 8, tenant_pk, 8, run_pk)
+            append(head)
+            if event_id is None:
+                append(_COPY_SEQ_ID(4, seq, -1))
+            else:
+                raw_id = event_id.encode()
+                append(_COPY_SEQ_ID(4, seq, len(raw_id)))
+                append(raw_id)
+            kind_field = types.get(kind)
+            if kind_field is None:
+                raw_kind = kind.encode()
+                kind_field = types[kind] = len(raw_kind).to_bytes(4, "big") + raw_kind
+            append(kind_field)
+            append(_COPY_TS_BODY(8, (ts - _PG_EPOCH) // _ONE_US, len(body) + 1, 1))
+            append(body)
+        append(_COPY_TRAILER)
+        with connection.cursor() as cursor, cursor.copy(EVENT_COPY_BINARY_SQL) as copy:
+            copy.write(b"".join(parts))
         return
     Event.objects.bulk_create(
         [
-            Event(tenant_id=t, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
-            for t, r, s, e, k, ts, b in rows
+            Event(tenant_id=tenant_pk, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
+            for r, s, e, k, ts, b in rows
         ],
         batch_size=500,
     )
 
 
 def _enqueue_detection(run_pks: list[int]) -> None:
-    # One message per batch, not per run: a broker round trip per run was a fifth of a batch's time.
+    """detect_runs.delay(run_pks).
+
+    One message per batch, not per run: a broker round trip per run was a fifth of a batch's time.
+    With a broker, the message is sent from one long-lived thread per process (and waited for):
+    under ASGI each request runs in a new thread, and Celery builds its result backend once per
+    thread, a quarter of the CPU of a send. Eager (no broker), the task runs here, in the request's
+    thread.
+    """
     from ingest.tasks import detect_runs
 
-    detect_runs.delay(run_pks)
+    if detect_runs.app.conf.task_always_eager:
+        detect_runs.delay(run_pks)
+        return
+    _publisher().submit(detect_runs.delay, run_pks).result()
+
+
+_publisher_pool: ThreadPoolExecutor | None = None
+_publisher_lock = threading.Lock()
+
+
+def _publisher() -> ThreadPoolExecutor:
+    global _publisher_pool
+    if _publisher_pool is None:
+        with _publisher_lock:
+            if _publisher_pool is None:
+                _publisher_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="detection-publisher")
+    return _publisher_pool
+
+
+def _publisher_forget() -> None:
+    """In a forked child the parent's publisher thread does not exist: start a new one when needed."""
+    global _publisher_pool, _publisher_lock
+    _publisher_pool, _publisher_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_publisher_forget)
 
 
 # --- per-run processing ---------------------------------------------------------------------
