@@ -12,7 +12,7 @@ import os
 import secrets
 import struct
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -99,10 +99,11 @@ class IngestResult:
         return sum(1 for v in self.verdicts if v["status"] == status)
 
     def as_dict(self) -> dict[str, Any]:
+        counts = Counter(v["status"] for v in self.verdicts)
         return {
-            "accepted": self.count("accepted"),
-            "duplicate": self.count("duplicate"),
-            "rejected": self.count("rejected"),
+            "accepted": counts["accepted"],
+            "duplicate": counts["duplicate"],
+            "rejected": counts["rejected"],
             "results": self.verdicts,
         }
 
@@ -241,8 +242,8 @@ DESCRIPTION_FIGURES = (
     *("status", "terminated_by", "budget_type", "reason", "finished_at"),
 )
 # On PostgreSQL these are merged into the stored values by the UPDATE itself (the earliest start, the
-# latest event, the batch's last finish if any): the lock does not read them (parsing a timestamp
-# column back is a Python function per value, a third of the lock's CPU).
+# latest event, the batch's last finish if any): the lock does not read them (Django's loader turns
+# each timestamp back into a datetime in Python: three quarters of the CPU of reading the runs).
 TIME_FIGURES = ("started_at", "finished_at", "last_event_at")
 
 
