@@ -67,13 +67,14 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(ThresholdSet)
 class ThresholdSetAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "backend", "model", "task_type", "values", "updated_at"]
-    list_filter = ["backend", "task_type"]
+    list_display = ["__str__", "tenant", "backend", "model", "task_type", "values", "updated_at"]
+    list_filter = ["tenant", "backend", "task_type"]
 
 
 @admin.register(ToolConfig)
 class ToolConfigAdmin(admin.ModelAdmin):
-    list_display = ["name", "kind", "core_args", "noise_args", "cursor_args", "casefold"]
+    list_display = ["name", "tenant", "kind", "core_args", "noise_args", "cursor_args", "casefold"]
+    list_filter = ["tenant", "kind"]
     search_fields = ["name"]
 
 

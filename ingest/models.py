@@ -7,6 +7,7 @@ by the per-run detection task, which sees a run's events once and in order.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -81,6 +82,7 @@ class Run(models.Model):
         FAILED = "failed"
         TRUNCATED = "truncated"
         ABANDONED = "abandoned"
+        WAITING = "waiting", "waiting for a person"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
     run_id = models.CharField(max_length=200)
@@ -112,6 +114,9 @@ class Run(models.Model):
     max_action = models.CharField(max_length=16, blank=True, default="")
     last_progress_step = models.PositiveIntegerField(default=0)
     detections_count = models.PositiveIntegerField(default=0)
+    handoff = models.JSONField(
+        null=True, blank=True, help_text="Set when the run was handed to a person: why, and what was tried."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -255,6 +260,10 @@ class Detection(models.Model):
         HANDOFF = "handoff"
         TERMINATE = "terminate"
 
+    class Feedback(models.TextChoices):
+        TRUE_LOOP = "true_loop", "true loop"
+        FALSE_ALARM = "false_alarm", "false alarm"
+
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="detections")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="detections")
     seq = models.PositiveIntegerField(help_text="The event that made it fire.")
@@ -272,6 +281,13 @@ class Detection(models.Model):
     hint = models.TextField(blank=True, default="")
     ts = models.DateTimeField(help_text="ts of the event that made it fire.")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Operator feedback: drives the false-alarm rate and the threshold preview.
+    feedback = models.CharField(max_length=16, choices=Feedback.choices, blank=True, default="")
+    feedback_note = models.TextField(blank=True, default="")
+    feedback_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    feedback_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -290,10 +306,19 @@ class Detection(models.Model):
 class ThresholdSet(models.Model):
     """Threshold overrides for a scope; blank fields match anything.
 
-    Resolution, weakest first: the engine's defaults, then the global row (all blank), the task
-    type's, the backend's, the (backend, model)'s.
+    Resolution, weakest first: the engine's defaults, then the rows for every tenant (tenant NULL,
+    kept by staff in the Django admin), then the tenant's own rows; within each, the global row
+    (all blank), the task type's, the backend's, the (backend, model)'s.
     """
 
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="threshold_sets",
+        help_text="Blank: applies to every tenant.",
+    )
     backend = models.CharField(max_length=100, blank=True, default="")
     model = models.CharField(max_length=200, blank=True, default="")
     task_type = models.CharField(max_length=100, blank=True, default="")
@@ -302,11 +327,21 @@ class ThresholdSet(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["backend", "model", "task_type"], name="thresholds_scope_uniq")
+            models.UniqueConstraint(
+                fields=["backend", "model", "task_type"],
+                condition=Q(tenant__isnull=True),
+                name="thresholds_scope_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "backend", "model", "task_type"],
+                condition=Q(tenant__isnull=False),
+                name="thresholds_tenant_scope_uniq",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.backend or '*'}/{self.model or '*'}/{self.task_type or '*'}"
+        scope = f"{self.backend or '*'}/{self.model or '*'}/{self.task_type or '*'}"
+        return f"{self.tenant.slug}:{scope}" if self.tenant_id else scope
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
@@ -336,15 +371,31 @@ class ToolConfig(models.Model):
         POLL = "poll"
         OTHER = "other"
 
-    name = models.CharField(max_length=200, unique=True)
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="tool_configs",
+        help_text="Blank: applies to every tenant; a tenant's row for the same tool replaces it.",
+    )
+    name = models.CharField(max_length=200)
     kind = models.CharField(max_length=8, choices=Kind.choices, blank=True, default="")
     core_args = models.JSONField(default=list, blank=True, help_text="Arguments that say what is asked.")
     noise_args = models.JSONField(default=list, blank=True, help_text="Arguments left out of the signature.")
     cursor_args = models.JSONField(default=list, blank=True, help_text="Paging arguments beyond the usual.")
     casefold = models.BooleanField(default=False, help_text="Compare string arguments without case.")
 
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["name"], condition=Q(tenant__isnull=True), name="tool_name_uniq"),
+            models.UniqueConstraint(
+                fields=["tenant", "name"], condition=Q(tenant__isnull=False), name="tool_tenant_name_uniq"
+            ),
+        ]
+
     def __str__(self) -> str:
-        return self.name
+        return f"{self.tenant.slug}:{self.name}" if self.tenant_id else self.name
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from ingest.detection import Config, Thresholds, ToolSpec
 from ingest.models import Event, Run, Tenant, ThresholdSet, ToolConfig
@@ -29,18 +29,26 @@ def run_events(*, run: Run, after_seq: int = 0, limit: int = 1000) -> QuerySet[E
 
 
 def detection_config(*, run: Run) -> Config:
-    """Thresholds for the run: defaults < global row < task type < backend < (backend, model)."""
+    """Thresholds and tools for the run (see ThresholdSet for the order of resolution)."""
+    return config_for(tenant_id=run.tenant_id, backend=run.backend, model=run.model, task_type=run.task_type)
+
+
+def config_for(*, tenant_id: int, backend: str, model: str, task_type: str) -> Config:
+    """Defaults < rows for every tenant < the tenant's rows; within each, by scope:
+    global < task type < backend < (backend, model). A tenant's tool row replaces the shared one."""
     rows = ThresholdSet.objects.filter(
-        Q(backend="", model="", task_type__in=["", run.task_type])
-        | Q(backend=run.backend, model__in=["", run.model], task_type="")
+        Q(tenant__isnull=True) | Q(tenant_id=tenant_id),
+        Q(backend="", model="", task_type__in=["", task_type])
+        | Q(backend=backend, model__in=["", model], task_type=""),
     )
 
-    def weight(row: ThresholdSet) -> int:
-        return (
+    def weight(row: ThresholdSet) -> tuple[bool, int]:
+        scope = (
             (2 if row.backend else 0)
             + (1 if row.model else 0)
             + (1 if row.task_type else 0) * (not row.backend)
         )
+        return (row.tenant_id is not None, scope)
 
     thresholds = Thresholds()
     for row in sorted(rows, key=weight):
@@ -48,14 +56,16 @@ def detection_config(*, run: Run) -> Config:
             thresholds = thresholds.merged(row.values)
         except (TypeError, ValueError) as exc:
             logger.warning("thresholds %s ignored: %s", row, exc)
-    tools = {
-        tool.name: ToolSpec(
+    tools: dict[str, ToolSpec] = {}
+    shared_first = ToolConfig.objects.filter(Q(tenant__isnull=True) | Q(tenant_id=tenant_id)).order_by(
+        F("tenant_id").asc(nulls_first=True)
+    )
+    for tool in shared_first:
+        tools[tool.name] = ToolSpec(
             kind=tool.kind,
             core_args=tuple(tool.core_args),
             noise_args=tuple(tool.noise_args),
             cursor_args=tuple(tool.cursor_args),
             casefold=tool.casefold,
         )
-        for tool in ToolConfig.objects.all()
-    }
     return Config(thresholds=thresholds, tools=tools)

@@ -7,7 +7,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from ingest.events import ALERT_MESSAGE, alerts_group
-from ingest.models import Detection, Run, RunCursor, ThresholdSet
+from ingest.models import Detection, Run, RunCursor, ThresholdSet, ToolConfig
 from ingest.selectors import detection_config
 from ingest.services import run_reprocess
 from tests.ingest.events import model_round, run_finished, run_started, tool_call, tool_result
@@ -92,6 +92,20 @@ def test_thresholds_resolve_model_over_backend_over_task_type_over_global(tenant
     ThresholdSet.objects.create(backend="anthropic", values={"repeat_tolerance": 9})
     config = detection_config(run=run)
     assert (config.thresholds.repeat_tolerance, config.thresholds.no_progress_steps) == (7, 30)
+
+
+def test_a_tenants_own_thresholds_and_tools_win_and_stay_its_own(tenant, other_tenant):
+    mine = Run.objects.create(tenant=tenant, run_id="x", backend="openai", model="gpt-4o")
+    theirs = Run.objects.create(tenant=other_tenant, run_id="x", backend="openai", model="gpt-4o")
+    ThresholdSet.objects.create(backend="openai", model="gpt-4o", values={"repeat_tolerance": 7})
+    ThresholdSet.objects.create(tenant=tenant, values={"repeat_tolerance": 4})
+    ToolConfig.objects.create(name="search", kind="read", core_args=["q"])
+    ToolConfig.objects.create(tenant=tenant, name="search", kind="poll")
+    # the tenant's global row beats the shared (backend, model) row; the other tenant never sees it
+    assert detection_config(run=mine).thresholds.repeat_tolerance == 4
+    assert detection_config(run=theirs).thresholds.repeat_tolerance == 7
+    assert detection_config(run=mine).tools["search"].kind == "poll"
+    assert detection_config(run=theirs).tools["search"].core_args == ("q",)
 
 
 def test_per_backend_thresholds_change_what_fires(api, key):

@@ -1,0 +1,6 @@
+from django.urls import path
+
+from dashboards.alerts import views
+
+app_name = "alerts"
+urlpatterns = [path("", views.index, name="index")]

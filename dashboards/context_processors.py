@@ -1,0 +1,19 @@
+"""What every page's navigation bar shows: the open items of the user's tenants."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.utils import timezone
+
+from ingest.models import Operation
+
+
+def nav(request) -> dict:
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {}
+    now = timezone.now()
+    open_ops = Operation.objects.filter(tenant__memberships__user=user).filter(
+        Q(status=Operation.Status.UNKNOWN) | Q(status=Operation.Status.RUNNING, lease_expires_at__lt=now)
+    )
+    return {"nav_queue_open": open_ops.count()}

@@ -1,0 +1,6 @@
+from django.urls import path
+
+from dashboards.queue import views
+
+app_name = "queue"
+urlpatterns = [path("", views.index, name="index")]
