@@ -676,7 +676,8 @@ def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
             )
             if not events:
                 return total
-            run = Run.objects.only("tenant_id", "backend", "model", "task_type", "run_id").get(pk=run_pk)
+            fields = ("tenant_id", "backend", "model", "task_type", "run_id", "agent")
+            run = Run.objects.only(*fields).get(pk=run_pk)
             duplicates = _materialize(run, events)
             published = _detect(run, cursor, events, duplicates)
             cursor.position = events[-1][0]
@@ -781,9 +782,14 @@ def _detect(
 
 
 def alert_payload(detection: Detection, *, run: Run) -> dict[str, Any]:
+    # run (pk) and tenant_id let a page link the run and scope the alert without a query per alert.
     return {
         "id": detection.pk,
         "run_id": run.run_id,
+        "run": run.pk,
+        "tenant_id": run.tenant_id,
+        "agent": run.agent,
+        "seq": detection.seq,
         "kind": detection.kind,
         "action": detection.action,
         "tool": detection.tool,
