@@ -111,6 +111,12 @@ class Run(models.Model):
         default=False, help_text="An intervention (correct or stronger) fired."
     )
     first_loop_at = models.DateTimeField(null=True, blank=True, help_text="ts of the first intervention.")
+    first_loop_seq = models.PositiveIntegerField(
+        null=True, blank=True, help_text="seq of the event that made the first intervention fire."
+    )
+    cost_after_loop_usd = models.FloatField(
+        default=0, help_text="Cost of the model rounds after the first intervention: money burned in a loop."
+    )
     max_action = models.CharField(max_length=16, blank=True, default="")
     last_progress_step = models.PositiveIntegerField(default=0)
     detections_count = models.PositiveIntegerField(default=0)
@@ -297,6 +303,8 @@ class Detection(models.Model):
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="detection_tenant_created"),
             models.Index(fields=["tenant", "backend", "-created_at"], name="detection_tenant_backend"),
+            # The overview's charts count detections by the time of the event that fired them.
+            models.Index(fields=["tenant", "ts"], name="detection_tenant_ts"),
         ]
 
     def __str__(self) -> str:

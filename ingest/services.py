@@ -676,7 +676,7 @@ def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
             )
             if not events:
                 return total
-            fields = ("tenant_id", "backend", "model", "task_type", "run_id", "agent")
+            fields = ("tenant_id", "backend", "model", "task_type", "run_id", "agent", "first_loop_seq")
             run = Run.objects.only(*fields).get(pk=run_pk)
             duplicates = _materialize(run, events)
             published = _detect(run, cursor, events, duplicates)
@@ -702,6 +702,7 @@ def run_reprocess(*, run_pk: int) -> int:
         PendingResult.objects.filter(run_id=run_pk).delete()
         cursor.position, cursor.engine_state = 0, None
         cursor.save(update_fields=["position", "engine_state", "updated_at"])
+        Run.objects.filter(pk=run_pk).update(cost_after_loop_usd=0)  # every round is counted again
     return run_process(run_pk=run_pk)
 
 
@@ -761,6 +762,7 @@ def _detect(
         figures["max_action"] = ACTIONS[state.max_action - 1] if state.max_action else ""
     if first_loop_ts is not None:
         figures["loop_flagged"] = True
+    figures.update(_loop_cost(run, events, rows))
     Run.objects.filter(pk=run.pk).update(**figures)
     if first_loop_ts is not None:
         Run.objects.filter(pk=run.pk, first_loop_at__isnull=True).update(first_loop_at=first_loop_ts)
@@ -779,6 +781,24 @@ def _detect(
         action__in=[r.action for r in interventions],
     ).order_by("pk")
     return [alert_payload(detection, run=run) for detection in stored]
+
+
+def _loop_cost(run: Run, events: list[tuple[int, str, datetime, dict]], rows: list[Detection]) -> dict:
+    """Money burned in a loop: the cost of the model rounds after the event that made the first
+    intervention fire, whether it fired in this batch or an earlier one (the run's first_loop_seq).
+    Each round is counted once, as its batch goes by; _materialize has priced every round's body."""
+    first = min((row.seq for row in rows if row.action != Detection.Action.OBSERVE), default=None)
+    if run.first_loop_seq is not None and (first is None or run.first_loop_seq < first):
+        first = run.first_loop_seq
+    if first is None:
+        return {}
+    burned = math.fsum(
+        body["cost_usd"] for seq, kind, _, body in events if kind == "model_round" and seq > first
+    )
+    figures: dict[str, Any] = {"first_loop_seq": first}
+    if burned:
+        figures["cost_after_loop_usd"] = models.F("cost_after_loop_usd") + burned
+    return figures
 
 
 def alert_payload(detection: Detection, *, run: Run) -> dict[str, Any]:
