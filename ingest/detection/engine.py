@@ -38,6 +38,18 @@ def parse_ts(value: Any) -> float | None:
         return None
 
 
+def result_digest_of(result_event: dict[str, Any]) -> str:
+    """What detection compares results on: the sender's sha256 of a cut result, else the result's."""
+    if result_event.get("result_sha256"):
+        return str(result_event["result_sha256"])[:16]
+    return digest(canonical(result_event.get("result")))
+
+
+def failed_result(status: str, error_class: str) -> bool:
+    """A result that brings no answer: not ok, or ok with a definitive error class (empty, not found…)."""
+    return status != "ok" or error_class in errors.NON_RETRYABLE_SET
+
+
 class Engine:
     def __init__(self, config: Config = DEFAULT_CONFIG) -> None:
         self.config = config
@@ -95,8 +107,7 @@ class Engine:
         spec = self.config.tool(name)
         kind = event.get("kind") or spec.kind or "other"
         args = event.get("args") if isinstance(event.get("args"), dict) else {}
-        clean = canonical(args, casefold=spec.casefold, noise=spec.noise_args)
-        rest, cursor = split_cursor(clean, CURSOR_KEYS | {c.lower() for c in spec.cursor_args})
+        clean, rest, cursor = self._normalise(name, args)
         core = {k: v for k, v in rest.items() if k in spec.core_args} if spec.core_args else rest
         sig = digest([name, rest])
         # A step is a call, or a round of calls when the backend batches them in parallel.
@@ -134,6 +145,19 @@ class Engine:
         found += calls.detect_goal_budget(self.t, state, call, goals)
         return found
 
+    def _normalise(self, name: str, args: dict[str, Any]) -> tuple[dict, dict, dict]:
+        """(canonical arguments, those without the cursor, the cursor) of a call of `name`."""
+        spec = self.config.tool(name)
+        clean = canonical(args, casefold=spec.casefold, noise=spec.noise_args)
+        rest, cursor = split_cursor(clean, CURSOR_KEYS | {c.lower() for c in spec.cursor_args})
+        return clean, rest, cursor
+
+    def identity(self, name: str, args: dict[str, Any]) -> tuple[str, str]:
+        """(signature, cursor digest) of a call, as the detectors compare calls: two calls with
+        both equal ask for the very same thing (used by the guard to find a reusable result)."""
+        _, rest, cursor = self._normalise(name, args)
+        return digest([name, rest]), digest(cursor) if cursor else ""
+
     def _tool_result(self, state: RunState, event: dict[str, Any], ts: float | None) -> list[Detection]:
         stack = state.pending.get(str(event.get("call_id", "")))
         if not stack:
@@ -143,11 +167,8 @@ class Engine:
             del state.pending[str(event.get("call_id", ""))]
         status = event.get("status", "ok")
         error_class = event.get("error_class", "") or ""
-        if event.get("result_sha256"):
-            result_digest = str(event["result_sha256"])[:16]
-        else:
-            result_digest = digest(canonical(event.get("result")))
-        failed = status != "ok" or error_class in errors.NON_RETRYABLE_SET
+        result_digest = result_digest_of(event)
+        failed = failed_result(status, error_class)
         result = event.get("result")
         facts = [] if failed else result_facts(result)
         fresh = [f for f in facts if f not in state.facts]
