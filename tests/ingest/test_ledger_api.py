@@ -66,6 +66,17 @@ def test_a_live_lease_means_wait_and_an_expired_one_unknown(api, key):
     assert Operation.objects.get().status == "UNKNOWN"
 
 
+def test_the_holder_asking_again_gets_its_own_lease_back_not_a_wait(api, key):
+    """A lost claim answer: the holder retries the claim and must not wait on itself."""
+    first = claim(api, key, lease_s=30).json()
+    again = claim(api, key, lease_s=30)
+    assert again.status_code == 200 and again.json()["decision"] == "execute"
+    assert again.json()["lease"] == first["lease"]  # the same lease and attempt, not a new one
+    assert claim(api, key, worker="w2").json()["decision"] == "wait"
+    assert complete(api, key, outcome="succeeded", result={"ok": 1}).json()["status"] == "SUCCEEDED"
+    assert Operation.objects.get().history.count() == 2  # claimed, succeeded: nothing in between
+
+
 def test_timeout_is_unknown_and_never_executed_again_automatically(api, key):
     claim(api, key)
     complete(api, key, outcome="timeout", external_request_id="pay-77")
