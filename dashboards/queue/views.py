@@ -1,11 +1,127 @@
-"""The queue pages (placeholder until its issue-5 part lands)."""
+"""The operator queue: open writes of the user's tenants and the decisions on them."""
 
 from __future__ import annotations
 
+import orjson
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from dashboards.models import Membership
+from dashboards.queue.forms import ACTIONS, DecisionForm
+from dashboards.queue.selectors import (
+    QUEUE_LIMIT,
+    QueueFilters,
+    membership_role,
+    open_since,
+    operation_is_open,
+    operation_reconciler,
+    queue_operation_get,
+    queue_operations,
+    queue_tools,
+    user_tenants_with_roles,
+)
+from dashboards.queue.services import queue_decide
+from ingest.ledger import AlreadyResolved, TransitionRefused
+
+DECIDERS = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
+
+
+def _pretty(value) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
 
 
 @login_required
 def index(request):
-    return render(request, "dashboards/placeholder.html", {"title": "queue"})
+    filters = QueueFilters(
+        needs_person=request.GET.get("needs_person") == "1",
+        tool=request.GET.get("tool", "").strip(),
+        tenant=request.GET.get("tenant", "").strip(),
+    )
+    now = timezone.now()
+    qs = queue_operations(user=request.user, filters=filters, now=now)
+    total = qs.count()
+    rows = [{"op": op, "since": open_since(op)} for op in qs[:QUEUE_LIMIT]]
+    return render(
+        request,
+        "dashboards/queue/index.html",
+        {
+            "rows": rows,
+            "total": total,
+            "limit": QUEUE_LIMIT,
+            "filters": filters,
+            "tools": queue_tools(user=request.user, now=now),
+            "tenants": user_tenants_with_roles(user=request.user),
+            "now": now,
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def detail(request, pk: int):
+    op = queue_operation_get(user=request.user, pk=pk)
+    if op is None:
+        raise Http404("no such operation")
+    role = membership_role(user=request.user, tenant_id=op.tenant_id)
+    can_decide = role in DECIDERS
+    form = None
+    status = 200
+    if request.method == "POST":
+        if not can_decide:
+            raise PermissionDenied("operators and admins decide on operations")
+        form = DecisionForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                decided = queue_decide(
+                    operation=op,
+                    user=request.user,
+                    action=data["action"],
+                    note=data["note"],
+                    shown_status=data["shown_status"],
+                    external_reference=data["external_reference"],
+                )
+            except AlreadyResolved as exc:
+                messages.warning(request, f"Nothing done: {op.operation_key} was {exc}.")
+            except TransitionRefused as exc:
+                messages.error(request, f"Nothing done: {exc}.")
+            else:
+                messages.success(request, decided.message)
+            return redirect("queue:detail", pk=op.pk)
+        status = 400
+    now = timezone.now()
+    history = list(op.history.order_by("pk"))
+    next_open = (
+        queue_operations(user=request.user, filters=QueueFilters(), now=now).exclude(pk=op.pk).first()
+        if not operation_is_open(op, now)
+        else None
+    )
+    return render(
+        request,
+        "dashboards/queue/detail.html",
+        {
+            "op": op,
+            "open": operation_is_open(op, now),
+            "lease_live": op.status == "RUNNING" and not operation_is_open(op, now),
+            "since": open_since(op),
+            "now": now,
+            "role": role,
+            "can_decide": can_decide,
+            "form": form,
+            "failed_action": form.data.get("action") if form is not None else "",
+            "actions": [(key, label) for key, (label, _) in ACTIONS.items()],
+            "history": history,
+            "args_json": _pretty(op.args),
+            "last_reconcile_json": _pretty(op.last_reconcile) if op.last_reconcile else "",
+            "result_json": op.result_json,
+            "error_json": _pretty(op.error) if op.error is not None else "",
+            "reconciler": operation_reconciler(op=op),
+            "next_open": next_open,
+        },
+        status=status,
+    )
