@@ -1,0 +1,191 @@
+"""POST /api/v1/runs/{run_id}/check: the guard's decision about a proposed tool call (ingest scope)."""
+
+from __future__ import annotations
+
+import orjson
+from django.conf import settings
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.views import APIView
+
+from ingest.api.errors import ApiError
+from ingest.api.events import ErrorSerializer
+from ingest.auth import HasIngestScope
+from ingest.guard import CallRefused, ProposedCall, RunNotKnown, call_check
+from ingest.ledger import DEFAULT_LEASE_S, MAX_LEASE_S
+from ingest.models import ApiKey
+from ingest.schema import TOOL_KINDS, EventError, find_nul, parse_ts, validate_event
+
+# The fields of a check's body; anything else is a mistake worth naming (a typo would go unnoticed).
+FIELDS = (
+    "tool",
+    "kind",
+    "args",
+    "round",
+    "ts",
+    "operation_key",
+    "step_id",
+    "worker_id",
+    "lease_s",
+    "require_run",
+)
+DECISIONS = (
+    *("allow", "reuse", "correct", "handoff", "terminate"),
+    *("execute", "wait", "reconcile", "failed", "compensated", "conflict"),
+)
+
+
+class CheckInput(serializers.Serializer):
+    """The call the model proposed (for the OpenAPI document; the view checks the body by hand)."""
+
+    tool = serializers.CharField(max_length=200)
+    kind = serializers.ChoiceField(
+        choices=TOOL_KINDS, required=False, help_text="Default: the tool registry's, else other."
+    )
+    args = serializers.DictField()
+    round = serializers.IntegerField(
+        min_value=1, required=False, help_text="Default: the run's current round."
+    )
+    ts = serializers.DateTimeField(
+        required=False, help_text="RFC 3339; when the runtime saw the call (default: now)."
+    )
+    operation_key = serializers.CharField(max_length=500, required=False)
+    step_id = serializers.CharField(max_length=200, required=False)
+    worker_id = serializers.CharField(max_length=200, required=False, help_text="Required for a write.")
+    lease_s = serializers.FloatField(
+        min_value=1, max_value=MAX_LEASE_S, required=False, default=DEFAULT_LEASE_S
+    )
+    require_run = serializers.BooleanField(
+        required=False, default=False, help_text="404 when the run is not known."
+    )
+
+
+class CheckOutput(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=DECISIONS)
+    run_known = serializers.BooleanField()
+    kind = serializers.CharField()
+    hint = serializers.CharField(
+        help_text="What to tell the model (correct), or why (handoff, terminate, reuse)."
+    )
+    detections = serializers.ListField(child=serializers.DictField())
+    diagnosis = serializers.DictField(
+        required=False, help_text="terminate: terminated_by, budget_type, limit, ..."
+    )
+    handoff = serializers.DictField(required=False, help_text="handoff: what happened and what was tried.")
+    reuse = serializers.DictField(required=False, help_text="reuse: result, call_id, seq, at.")
+    ledger = serializers.DictField(
+        required=False, help_text="A write: the ledger's decision and its details."
+    )
+
+
+def _bad(field: str, reason: str, code: str = "invalid") -> ApiError:
+    return ApiError(400, code, f"{field}: {reason}", field=field)
+
+
+def parse_check(body: bytes, *, run_id: str) -> tuple[ProposedCall, bool]:
+    """The proposed call of a request body, or ApiError naming the field and the reason."""
+    try:
+        data = orjson.loads(body or b"null")
+    except orjson.JSONDecodeError as exc:
+        raise _bad("body", f"not valid JSON ({exc})", "invalid_json") from None
+    if not isinstance(data, dict):
+        raise _bad("body", "must be a JSON object with tool and args", "invalid_body")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise _bad(unknown[0], f"is not a field of a check (known: {', '.join(FIELDS)})")
+    # The call is checked as the tool_call event it will be, by the same code as ingest.
+    event = {k: data[k] for k in ("tool", "kind", "args", "round", "operation_key", "step_id") if k in data}
+    event.update(type="tool_call", run_id=run_id, ts="2000-01-01T00:00:00Z", call_id="check")
+    event.setdefault("round", 1)
+    try:
+        validate_event(event)
+    except EventError as exc:
+        raise _bad(exc.field, exc.reason) from None
+    nul = find_nul(data)
+    if nul is not None:
+        raise _bad(nul, "must not contain the character U+0000 (NUL)")
+    ts = None
+    if "ts" in data:
+        ts = parse_ts(data["ts"]) if isinstance(data["ts"], str) else None
+        if ts is None:
+            raise _bad("ts", "must be an RFC 3339 timestamp with its offset, like 2026-11-29T10:00:00Z")
+    worker_id = data.get("worker_id", "")
+    if not isinstance(worker_id, str) or len(worker_id) > 200:
+        raise _bad("worker_id", "must be a string of at most 200 characters")
+    lease_s = data.get("lease_s", DEFAULT_LEASE_S)
+    if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not 1 <= lease_s <= MAX_LEASE_S:
+        raise _bad("lease_s", f"must be a number of seconds from 1 to {MAX_LEASE_S}")
+    require_run = data.get("require_run", False)
+    if not isinstance(require_run, bool):
+        raise _bad("require_run", "must be true or false")
+    call = ProposedCall(
+        tool=data["tool"],
+        args=data["args"],
+        kind=data.get("kind", ""),
+        round=data.get("round"),
+        ts=ts,
+        operation_key=data.get("operation_key", ""),
+        step_id=data.get("step_id", ""),
+        worker_id=worker_id,
+        lease_s=float(lease_s),
+    )
+    return call, require_run
+
+
+class RunCheckApi(APIView):
+    """Ask before a tool call runs: allow, reuse, correct, handoff, terminate, or for a write the
+    ledger's decision (execute, reuse, wait, reconcile, failed, compensated, conflict).
+
+    Every decision is a 200. 400 a body that is not a valid call (naming the field), 401/403 a
+    missing, unknown or under-scoped key (a write also needs the `ledger` scope: its check claims
+    the operation), 404 a run not known with require_run, 413 a body over LOOPWATCH_MAX_EVENT_BYTES.
+    """
+
+    permission_classes = [HasIngestScope]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="runs_check",
+        request=CheckInput,
+        responses={
+            200: CheckOutput,
+            400: ErrorSerializer,
+            401: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            413: ErrorSerializer,
+        },
+    )
+    def post(self, request, run_id: str):
+        if not 0 < len(run_id) <= 200:
+            raise _bad("run_id", "must be 1 to 200 characters")
+        limit = settings.LOOPWATCH_MAX_EVENT_BYTES
+        length = request.META.get("CONTENT_LENGTH") or "0"
+        if not length.isdigit():
+            raise _bad("Content-Length", "must be a number", "bad_request")
+        if int(length) > limit or len(request.body) > limit:
+            raise ApiError(
+                413,
+                "body_too_large",
+                f"body: over the limit of {limit} bytes for one call (LOOPWATCH_MAX_EVENT_BYTES)",
+                field="body",
+            )
+        call, require_run = parse_check(request.body, run_id=run_id)
+        key: ApiKey = request.auth
+        try:
+            answer = call_check(
+                tenant=request.user.tenant,
+                run_id=run_id,
+                call=call,
+                require_run=require_run,
+                may_claim=ApiKey.Scope.LEDGER in key.scopes,
+            )
+        except RunNotKnown:
+            raise ApiError(
+                404, "not_found", f"run_id: no run {run_id!r} for this API key's tenant", "run_id"
+            ) from None
+        except CallRefused as exc:
+            code = "permission_denied" if exc.status == 403 else "invalid"
+            raise ApiError(exc.status, code, str(exc), field=exc.field) from None
+        return HttpResponse(orjson.dumps(answer.as_dict()), content_type="application/json")

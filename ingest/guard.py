@@ -1,0 +1,458 @@
+"""The guard: decide about a tool call before it runs, with the pipeline's engine and thresholds.
+
+A runtime asks about the call its model just proposed; the answer is one of
+
+- `allow`: run it;
+- `reuse`: an identical read whose result has not changed (see `_reusable`): here is that result,
+  do not call the tool again;
+- `correct`: do not run it, give the model this hint instead;
+- `handoff`: ask a person; the run is marked WAITING with a summary of what was tried, and every
+  check answers `handoff` until a person lets the run go on (its status back to running);
+- `terminate`: stop the run, with the structured diagnosis; every later check answers the same;
+- for a write that none of the above stops: the ledger's decision (`operation_claim`): execute,
+  reuse, wait, reconcile, failed, compensated or conflict.
+
+How (`call_check`):
+
+1. Find the run; a run not known yet is allowed (`run_known: false`), a write still goes through
+   the ledger. A run_id of another tenant is, for this key, a run not known (the same run_id under
+   two tenants is two runs): nothing of the other tenant's run is read or changed.
+2. Bring the run's engine state up to date with `run_process` (the pipeline's own step, under the
+   run's cursor lock): the check does not wait for Celery to have seen the run's events.
+3. Sticky ends: a run waiting for a person answers `handoff`, a finished or terminated run
+   `terminate`.
+4. Feed the proposed call as a `tool_call` event to the request's own copy of the state (read from
+   the database, never saved). The check does not count as a call: the call counts when its
+   `tool_call` event arrives, as for a runtime without a guard, so the pipeline later records for
+   that event exactly what the check saw (the client traces a call it was told not to run too,
+   without a result: the model did propose it, and the engine's escalation needs to see it).
+5. Interventions the pipeline stored after the run's last tool_call, from detectors that fire on a
+   result (a repeated error, perturbation, a poll over budget, no progress), concern the next call:
+   those of the same tool, and no progress whatever the tool. A correction is thus given once.
+6. The strongest action decides; a write that is not stopped goes to the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+from django.db.models import F, Q, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from ingest.detection import ACTIONS, Engine, RunState
+from ingest.detection.engine import failed_result, result_digest_of
+from ingest.detection.policy import CORRECT, HANDOFF, TERMINATE
+from ingest.ledger import DEFAULT_LEASE_S, operation_claim, operation_key_for
+from ingest.models import Detection, Run, Tenant, ToolCall
+from ingest.selectors import config_for, detection_config
+from ingest.services import run_process
+
+# A result older than this is not given back as unchanged: the world may have moved meanwhile.
+REUSE_MAX_AGE_S = 600.0
+# Calls of the tool (and writes) looked at, newest first, to find the last two identical ones.
+REUSE_WINDOW = 50
+# Calls listed in a handoff's summary of what was tried.
+TRIED_CALLS = 10
+# Detectors of the model's words: a tool call is their remedy, not something they should stop.
+TEXT_KINDS = ("clarification", "monologue", "empty_responses")
+# Result-time detections that concern the next call whatever its tool.
+RUN_WIDE_KINDS = ("no_progress",)
+FINISHED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.TRUNCATED, Run.Status.ABANDONED)
+CHECK_CALL_ID = "loopwatch-guard-check"
+
+
+class RunNotKnown(Exception):
+    """The run is not known for this tenant and the caller asked for it to be (require_run)."""
+
+
+class CallRefused(Exception):
+    """The call cannot be checked as asked: a write without its key or executor, or a key that may
+    not claim in the ledger. Raised before anything is changed."""
+
+    def __init__(self, status: int, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.status = status
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ProposedCall:
+    """The call a model proposed, as the runtime asks about it."""
+
+    tool: str
+    args: dict[str, Any]
+    kind: str = ""  # "": the tool registry's kind, else "other"
+    round: int | None = None  # None: the run's current round
+    ts: datetime | None = None  # when the runtime saw it; None: now
+    operation_key: str = ""
+    step_id: str = ""
+    worker_id: str = ""  # writes: the executor that takes the ledger's lease
+    lease_s: float = DEFAULT_LEASE_S
+
+
+@dataclass
+class GuardAnswer:
+    decision: str
+    run_known: bool
+    kind: str
+    hint: str = ""
+    detections: list[dict[str, Any]] = field(default_factory=list)
+    diagnosis: dict[str, Any] | None = None
+    handoff: dict[str, Any] | None = None
+    reuse: dict[str, Any] | None = None
+    ledger: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "decision": self.decision,
+            "run_known": self.run_known,
+            "kind": self.kind,
+            "hint": self.hint,
+            "detections": self.detections,
+        }
+        for name in ("diagnosis", "handoff", "reuse", "ledger"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value
+        return body
+
+
+def call_check(
+    *,
+    tenant: Tenant,
+    run_id: str,
+    call: ProposedCall,
+    require_run: bool = False,
+    may_claim: bool = True,
+) -> GuardAnswer:
+    """The guard's decision about `call` in run `run_id` of `tenant` (see the module docstring).
+
+    may_claim: whether the caller may claim operations in the ledger (a write's check does).
+    Raises RunNotKnown (require_run and no such run) and CallRefused, both before any change.
+    """
+    now = timezone.now()
+    run_pk = Run.objects.filter(tenant=tenant, run_id=run_id).values_list("pk", flat=True).first()
+    if run_pk is None:
+        if require_run:
+            raise RunNotKnown(run_id)
+        kind = (
+            call.kind
+            or config_for(tenant_id=tenant.pk, backend="unknown", model="", task_type="default")
+            .tool(call.tool)
+            .kind
+        )
+        answer = GuardAnswer("allow", run_known=False, kind=kind or "other")
+        _write_ready(call, answer.kind, may_claim)
+        if answer.kind == "write":
+            _ledger_decide(answer, tenant=tenant, run_id=run_id, call=call)
+        return answer
+
+    run_process(run_pk=run_pk)
+    run = Run.objects.select_related("cursor").get(pk=run_pk)
+    engine = Engine(detection_config(run=run))
+    kind = call.kind or engine.config.tool(call.tool).kind or "other"
+    _write_ready(call, kind, may_claim)
+    state = _state(run)
+    answer = GuardAnswer("allow", run_known=True, kind=kind)
+
+    if run.status == Run.Status.WAITING:
+        answer.decision, answer.handoff = "handoff", run.handoff or {}
+        answer.hint = str(answer.handoff.get("hint", "The run is waiting for a person."))
+        return answer
+    if run.status in FINISHED or state.terminated_by:
+        return _terminated(answer, run, state)
+
+    sig, cursor = engine.identity(call.tool, call.args)
+    record = state.sigs.get(sig)
+    # Two identical successful results in a row at least: only then can a result be reusable.
+    may_reuse = (
+        kind == "read"
+        and record is not None
+        and record.streak >= 2
+        and (record.last_digest or "").startswith("ok:")
+    )
+    found = _pending_interventions(run, call.tool) if state.max_action >= CORRECT else []
+    event: dict[str, Any] = {
+        "type": "tool_call",
+        "run_id": run_id,
+        "ts": (call.ts or now).isoformat(),
+        "call_id": CHECK_CALL_ID,
+        "tool": call.tool,
+        "kind": kind,
+        "args": call.args,
+    }
+    if call.round is not None:
+        event["round"] = call.round
+    if call.operation_key:
+        event["operation_key"] = call.operation_key
+    if call.step_id:
+        event["step_id"] = call.step_id
+    found += [d.as_dict() for d in engine.feed(state, event)]
+    answer.detections = found
+
+    strongest = max(
+        (d for d in found if d["action"] != "observe"), key=lambda d: ACTIONS.index(d["action"]), default=None
+    )
+    level = ACTIONS.index(strongest["action"]) + 1 if strongest else 0
+    if strongest is not None:
+        answer.hint = strongest["hint"]
+    if level >= TERMINATE:
+        answer.decision, answer.diagnosis = "terminate", _diagnosis(strongest, state)
+        return answer
+    if level >= HANDOFF:
+        answer.decision = "handoff"
+        answer.handoff = _handoff_mark(run, strongest, call, kind, now)
+        return answer
+    if kind == "write":
+        # The duplicate-write detector's correction says what the ledger knows better.
+        _ledger_decide(answer, tenant=tenant, run_id=run_id, call=call)
+        return answer
+    reuse = _reusable(run, engine, call, (sig, cursor), call.ts or now) if may_reuse else None
+    if reuse is not None:
+        answer.decision, answer.reuse = "reuse", reuse
+        if not answer.hint:
+            answer.hint = (
+                f"{call.tool} was called with these arguments twice already and returned the same "
+                "result: here it is again."
+            )
+    elif level == CORRECT:
+        answer.decision = "correct"
+    return answer
+
+
+def _write_ready(call: ProposedCall, kind: str, may_claim: bool) -> None:
+    if kind != "write":
+        return
+    if not (call.operation_key or call.step_id):
+        raise CallRefused(
+            400, "operation_key", "a write needs operation_key or step_id (its idempotency key)"
+        )
+    if not call.worker_id:
+        raise CallRefused(
+            400, "worker_id", "a write needs the executor's worker_id (it takes the ledger's lease)"
+        )
+    if not may_claim:
+        raise CallRefused(
+            403,
+            "Authorization",
+            "a write's check claims it in the ledger: this API key lacks the 'ledger' scope",
+        )
+
+
+def _state(run: Run) -> RunState:
+    cursor = getattr(run, "cursor", None)
+    if cursor is not None and cursor.engine_state:
+        try:
+            return RunState.from_dict(cursor.engine_state)
+        except (TypeError, ValueError, KeyError):
+            pass  # run_process logs it and starts afresh; so does the check
+    return RunState()
+
+
+def _pending_interventions(run: Run, tool: str) -> list[dict[str, Any]]:
+    """Interventions stored after the run's last tool_call that concern a call of `tool`."""
+    last_call = ToolCall.objects.filter(run_id=run.pk).order_by("-seq").values("seq")[:1]
+    rows = (
+        Detection.objects.filter(run_id=run.pk, action__in=ACTIONS[CORRECT - 1 :])
+        .exclude(kind__in=TEXT_KINDS)
+        .alias(after=Coalesce(Subquery(last_call), 0))
+        .filter(seq__gt=F("after"))
+        .filter(Q(action__in=ACTIONS[HANDOFF - 1 :]) | Q(kind__in=RUN_WIDE_KINDS) | Q(tool=tool))
+        .order_by("seq", "pk")
+    )
+    return [_detection_dict(row) for row in rows]
+
+
+def _detection_dict(row: Detection) -> dict[str, Any]:
+    return {
+        "kind": row.kind,
+        "action": row.action,
+        "at_call": row.at_call,
+        "at_round": row.at_round,
+        "count": row.count,
+        "signature": row.signature,
+        "tool": row.tool,
+        "evidence": row.evidence,
+        "hint": row.hint,
+    }
+
+
+def _diagnosis(detection: dict[str, Any], state: RunState) -> dict[str, Any]:
+    """{terminated_by, budget_type?, limit?, consumed?, last_progress_step, hint, ...}."""
+    evidence = detection.get("evidence") or {}
+    if detection["kind"] == "budget" and "terminated_by" in evidence:
+        return {**evidence, "kind": "budget", "tool": detection.get("tool", "")}
+    return {
+        "terminated_by": "loop",
+        "kind": detection["kind"],
+        "tool": detection.get("tool", ""),
+        "count": detection.get("count", 0),
+        "at_call": detection.get("at_call", 0),
+        "last_progress_step": state.last_progress_step,
+        "hint": detection.get("hint", ""),
+        "evidence": evidence,
+    }
+
+
+def _terminated(answer: GuardAnswer, run: Run, state: RunState) -> GuardAnswer:
+    answer.decision = "terminate"
+    stored = (
+        Detection.objects.filter(run_id=run.pk, action=Detection.Action.TERMINATE).order_by("seq").first()
+    )
+    if state.terminated_by and stored is not None:
+        answer.diagnosis = _diagnosis(_detection_dict(stored), state)
+    else:
+        answer.diagnosis = {
+            "terminated_by": run.terminated_by or state.terminated_by or "run_finished",
+            "status": run.status,
+            "budget_type": run.budget_type or state.budget_type,
+            "reason": run.reason,
+            "last_progress_step": state.last_progress_step,
+            "hint": f"The run is over ({run.status}): no more tool calls.",
+        }
+    answer.hint = str(answer.diagnosis.get("hint", ""))
+    return answer
+
+
+def _handoff_mark(
+    run: Run, detection: dict[str, Any], call: ProposedCall, kind: str, now: datetime
+) -> dict[str, Any]:
+    """Mark the run WAITING for a person, with what happened and what was tried."""
+    tried = [
+        {
+            "seq": c["seq"],
+            "round": c["round"],
+            "tool": c["tool"],
+            "kind": c["kind"],
+            "args": c["args"],
+            "status": c["result_status"] or "no result",
+            "error_class": c["error_class"],
+        }
+        for c in ToolCall.objects.filter(run_id=run.pk)
+        .order_by("-seq")
+        .values("seq", "round", "tool", "kind", "args", "result_status", "error_class")[:TRIED_CALLS]
+    ][::-1]
+    summary = {
+        "at": now.isoformat(),
+        "by": "guard",
+        "kind": detection["kind"],
+        "tool": detection.get("tool", ""),
+        "count": detection.get("count", 0),
+        "hint": detection["hint"],
+        "evidence": detection.get("evidence") or {},
+        "proposed": {"tool": call.tool, "kind": kind, "args": call.args, "round": call.round},
+        "tried": tried,
+        "figures": {
+            "rounds": run.rounds,
+            "tool_calls": run.tool_calls,
+            "tool_errors": run.tool_errors,
+            "cost_usd": run.cost_usd,
+            "last_progress_step": run.last_progress_step,
+        },
+    }
+    Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+        status=Run.Status.WAITING, handoff=summary
+    )
+    return summary
+
+
+def _reusable(
+    run: Run, engine: Engine, call: ProposedCall, identity: tuple[str, str], now: datetime
+) -> dict[str, Any] | None:
+    """The result to give back instead of calling again, or None.
+
+    "Has not changed" means: the last two answered calls with the same identity (the engine's
+    signature and cursor) both succeeded with the same result digest, no write of the run came
+    since the earlier of them, neither result was cut short (the whole result is needed to give it
+    back), and the latest is at most REUSE_MAX_AGE_S old.
+    """
+    rows = (
+        ToolCall.objects.filter(run_id=run.pk)
+        .filter(Q(tool=call.tool) | Q(kind=ToolCall.Kind.WRITE))
+        .order_by("-seq")
+        .values(
+            "seq",
+            "call_id",
+            "tool",
+            "kind",
+            "args",
+            "result_seq",
+            "result_status",
+            "result",
+            "result_truncated",
+            "result_sha256",
+            "error_class",
+            "result_ts",
+        )[:REUSE_WINDOW]
+    )
+    same: list[dict[str, Any]] = []
+    for row in rows:
+        if row["kind"] == ToolCall.Kind.WRITE:
+            return None
+        if row["result_seq"] is None or engine.identity(row["tool"], row["args"]) != identity:
+            continue
+        if row["result_truncated"] or failed_result(row["result_status"], row["error_class"]):
+            return None
+        same.append(row)
+        if len(same) == 2:
+            break
+    if len(same) < 2:
+        return None
+    latest, earlier = same
+    if result_digest_of(latest) != result_digest_of(earlier):
+        return None
+    if latest["result_ts"] is None or (now - latest["result_ts"]).total_seconds() > REUSE_MAX_AGE_S:
+        return None
+    return {
+        "result": latest["result"],
+        "call_id": latest["call_id"],
+        "seq": latest["seq"],
+        "at": latest["result_ts"].isoformat(),
+        "identical_calls": 2,
+    }
+
+
+def _ledger_decide(answer: GuardAnswer, *, tenant: Tenant, run_id: str, call: ProposedCall) -> None:
+    """The ledger's claim for a write the engine does not stop; its decision becomes the answer's."""
+    key = operation_key_for(
+        operation_key=call.operation_key or None, run_id=run_id, step_id=call.step_id or None
+    )
+    assert key is not None, "the interface checks that a write names operation_key or step_id"
+    claim = operation_claim(
+        tenant=tenant,
+        key=key,
+        tool=call.tool,
+        args=call.args,
+        worker_id=call.worker_id,
+        lease_s=call.lease_s,
+        step_id=call.step_id,
+    )
+    op = claim.operation
+    ledger: dict[str, Any] = {"decision": claim.decision, "operation_key": key, "status": op.status}
+    if claim.decision == "execute":
+        ledger["lease"] = {
+            "owner": op.lease_owner,
+            "expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
+            "attempt": op.attempts,
+        }
+    elif claim.decision == "reuse":
+        # The stored result as the very bytes it was stored as, like the ledger's own API.
+        ledger["result"] = orjson.Fragment(op.result_json or "null")
+    elif claim.decision == "failed":
+        ledger["error"] = {"error_class": op.error_class, "detail": op.error}
+    elif claim.decision == "wait":
+        ledger["retry_after"] = claim.retry_after
+    elif claim.decision == "conflict":
+        ledger.update(claim.extra)
+        ledger["detail"] = (
+            f"args: operation {key} was claimed with other arguments "
+            f"(stored fingerprint {claim.extra['stored_fingerprint']}, this one {claim.extra['fingerprint']})"
+        )
+    answer.decision, answer.ledger = claim.decision, ledger
+    if claim.decision == "conflict" and not answer.hint:
+        answer.hint = ledger["detail"]
