@@ -1,11 +1,121 @@
-"""The runs pages (placeholder until its issue-5 part lands)."""
+"""The runs pages: search and recent runs; one run's detail with its timeline."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET
+
+from dashboards.alerts.selectors import user_tenant_ids
+from dashboards.runs.selectors import (
+    LONG_VALUE_CHARS,
+    RUN_STATUSES,
+    TIMELINE_EVENTS,
+    run_budget_use,
+    run_detections,
+    run_for_user,
+    run_operations,
+    run_recent,
+    run_search,
+    run_timeline,
+    timeline_start_for,
+)
+from ingest.selectors import detection_config
+
+MAX_PAGE = 10_000
+
+
+class BadParameter(ValueError):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+
+
+def _bad_request(request: HttpRequest, exc: BadParameter) -> HttpResponse:
+    return render(request, "dashboards/runs/error.html", {"field": exc.field, "detail": str(exc)}, status=400)
+
+
+def _int(params, name: str, *, default: int | None, low: int = 1, high: int = 2**31 - 1) -> int | None:
+    raw = params.get(name, "")
+    if raw == "":
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise BadParameter(name, f"must be a whole number from {low} to {high}")
+    return int(raw)
+
+
+def _handoff_items(handoff: Any) -> list[tuple[str, str, bool]]:
+    """(name, text, shown as a block) for each part of Run.handoff (free-form JSON)."""
+    if not handoff:
+        return []
+    parts = handoff.items() if isinstance(handoff, dict) else [("handoff", handoff)]
+    out = []
+    for name, value in parts:
+        if isinstance(value, dict | list):
+            out.append((str(name), orjson.dumps(value, option=orjson.OPT_INDENT_2).decode(), True))
+        else:
+            out.append((str(name), str(value), False))
+    return out
 
 
 @login_required
-def index(request):
-    return render(request, "dashboards/placeholder.html", {"title": "runs"})
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    tenant_ids = user_tenant_ids(user=request.user)
+    q = request.GET.get("q", "").strip()
+    status = request.GET.get("status", "")
+    flagged = request.GET.get("flagged", "") in ("1", "on", "true")
+    try:
+        if len(q) > 200:
+            raise BadParameter("q", "a run_id has at most 200 characters")
+        if status and status not in RUN_STATUSES:
+            raise BadParameter("status", f"one of {', '.join(RUN_STATUSES)}")
+        page = _int(request.GET, "page", default=1, high=MAX_PAGE)
+    except BadParameter as exc:
+        return _bad_request(request, exc)
+    context: dict = {"q": q, "status": status, "flagged": flagged, "statuses": RUN_STATUSES}
+    if q:
+        exact, prefix, cut = run_search(tenant_ids=tenant_ids, q=q)
+        if len(exact) == 1 and not prefix:
+            return redirect("runs:detail", pk=exact[0].pk)
+        context.update(exact=exact, prefix=prefix, prefix_cut=cut, searched=True)
+    else:
+        runs, more = run_recent(tenant_ids=tenant_ids, status=status, flagged=flagged, page=page)
+        context.update(runs=runs, page=page, more=more)
+    context["multi_tenant"] = len(tenant_ids) > 1
+    return render(request, "dashboards/runs/index.html", context)
+
+
+@login_required
+@require_GET
+def detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = run_for_user(user=request.user, pk=pk)
+    if run is None:
+        raise Http404("no such run")
+    try:
+        seq = _int(request.GET, "seq", default=None)
+        start = _int(request.GET, "from", default=None)
+    except BadParameter as exc:
+        return _bad_request(request, exc)
+    if start is None:
+        start = timeline_start_for(seq) if seq else 1
+    config = detection_config(run=run)
+    timeline = run_timeline(run=run, config=config, start=start)
+    return render(
+        request,
+        "dashboards/runs/detail.html",
+        {
+            "run": run,
+            "timeline": timeline,
+            "budgets": run_budget_use(run=run, config=config),
+            "operations": run_operations(run=run),
+            "detections": run_detections(run=run),
+            "page_size": TIMELINE_EVENTS,
+            "long": LONG_VALUE_CHARS,
+            "handoff_items": _handoff_items(run.handoff),
+        },
+    )

@@ -1,0 +1,251 @@
+"""Reads for the runs pages: search, recent runs, and one run's detail, scoped to the user's tenants."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from django.db.models import QuerySet
+
+from ingest.detection import Config, RunState
+from ingest.detection.budgets import consumed, run_budgets
+from ingest.detection.config import BUDGET_TYPES
+from ingest.detection.normalize import CURSOR_KEYS, canonical, digest, split_cursor
+from ingest.models import Detection, Event, ModelRound, Operation, Run, ToolCall
+
+SEARCH_MAX = 50  # runs listed for a prefix; a longer list means the prefix is too short
+RECENT_PAGE = 50
+TIMELINE_EVENTS = 200  # events per timeline page: a round of a busy run is a few, a run hundreds
+LONG_VALUE_CHARS = 300  # arguments, results and texts longer than this are folded in <details>
+RUN_STATUSES = tuple(Run.Status.values)
+
+
+def run_for_user(*, user, pk: int) -> Run | None:
+    return (
+        Run.objects.filter(pk=pk, tenant__memberships__user=user).select_related("tenant", "cursor").first()
+    )
+
+
+def run_search(*, tenant_ids: list[int], q: str) -> tuple[list[Run], list[Run], bool]:
+    """(runs whose run_id is q, runs whose run_id starts with q, whether the prefix list was cut)."""
+    if not tenant_ids or not q:
+        return [], [], False
+    base = Run.objects.filter(tenant_id__in=tenant_ids).select_related("tenant")
+    exact = list(base.filter(run_id=q).order_by("-started_at", "-pk"))
+    prefix = list(
+        base.filter(run_id__startswith=q).exclude(run_id=q).order_by("run_id", "pk")[: SEARCH_MAX + 1]
+    )
+    return exact, prefix[:SEARCH_MAX], len(prefix) > SEARCH_MAX
+
+
+def run_recent(
+    *, tenant_ids: list[int], status: str = "", flagged: bool = False, page: int = 1
+) -> tuple[list[Run], bool]:
+    """A page of the most recent runs (by start), and whether there is a next page."""
+    if not tenant_ids:
+        return [], False
+    qs: QuerySet[Run] = Run.objects.filter(tenant_id__in=tenant_ids).select_related("tenant")
+    if status:
+        qs = qs.filter(status=status)
+    if flagged:
+        qs = qs.filter(loop_flagged=True)
+    start = (page - 1) * RECENT_PAGE
+    rows = list(qs.order_by("-started_at", "-pk")[start : start + RECENT_PAGE + 1])
+    return rows[:RECENT_PAGE], len(rows) > RECENT_PAGE
+
+
+# --- one run ----------------------------------------------------------------------------------
+
+
+def call_signature(config: Config, tool: str, args: Any) -> str:
+    """The call's signature as the detection engine computes it (canonical arguments, noise and
+    cursor fields left out, the tool's own noise/cursor/casefold settings applied)."""
+    spec = config.tool(tool)
+    clean = canonical(args if isinstance(args, dict) else {}, casefold=spec.casefold, noise=spec.noise_args)
+    rest, _ = split_cursor(clean, CURSOR_KEYS | {c.lower() for c in spec.cursor_args})
+    return digest([tool, rest])
+
+
+@dataclass
+class Budget:
+    budget_type: str
+    limit: float
+    consumed: float
+    source: str  # "run" (run_started.budgets) or "thresholds"
+
+    @property
+    def percent(self) -> int:
+        return min(100, round(100 * self.consumed / self.limit)) if self.limit else 0
+
+
+def run_budget_use(*, run: Run, config: Config) -> list[Budget]:
+    """Every budget of the run: its limit (the run's own, else the thresholds') and what was used.
+
+    Use is the engine's own count when the run has been through detection, else the run's figures.
+    """
+    limits = run_budgets(config.thresholds, run.budgets or {})
+    state = _engine_state(run)
+    figures = {
+        "max_rounds": run.rounds,
+        "max_tool_calls": run.tool_calls,
+        "max_tokens": run.input_tokens + run.output_tokens,
+        "max_cost_usd": round(run.cost_usd, 6),
+        "max_same_tool_retries": 0,
+        "max_wall_s": (
+            round((run.last_event_at - run.started_at).total_seconds(), 3)
+            if run.started_at and run.last_event_at
+            else 0
+        ),
+    }
+    out = []
+    for budget_type in BUDGET_TYPES:
+        used = consumed(state, budget_type) if state is not None else figures[budget_type]
+        source = "run" if budget_type in (run.budgets or {}) else "thresholds"
+        out.append(Budget(budget_type=budget_type, limit=limits[budget_type], consumed=used, source=source))
+    return out
+
+
+def _engine_state(run: Run) -> RunState | None:
+    cursor = getattr(run, "cursor", None)
+    if cursor is None or not cursor.engine_state:
+        return None
+    try:
+        return RunState.from_dict(cursor.engine_state)
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+@dataclass
+class Item:
+    """One line of the timeline: a model round, a tool call with its result, a user message, the
+    run's start or end, or a detection that fired on an event not shown by itself."""
+
+    seq: int
+    round: int
+    type: str
+    obj: Any = None
+    body: dict[str, Any] = field(default_factory=dict)
+    detections: list[Detection] = field(default_factory=list)
+    signature: str = ""
+    signature_count: int = 0
+    args_missing: bool = False
+    args_text: str = ""
+    result_text: str = ""
+    new_round: bool = False
+    anchors: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Timeline:
+    items: list[Item]
+    first: int  # first seq of the page
+    last: int  # last seq of the page
+    total: int  # events of the run
+    processed: int  # events detection has processed (the timeline shows those)
+    previous: int | None
+    next: int | None
+    page_size: int
+
+
+def run_timeline(*, run: Run, config: Config, start: int = 1, size: int = TIMELINE_EVENTS) -> Timeline:
+    """Events [start, start + size) of the run, round by round, with each detection beside the event
+    that made it fire (a call's result counts as the call)."""
+    start = max(1, start)
+    end = start + size - 1
+    rounds = list(ModelRound.objects.filter(run=run, seq__range=(start, end)))
+    calls = list(ToolCall.objects.filter(run=run, seq__range=(start, end)))
+    others = list(
+        Event.objects.filter(
+            run=run, seq__range=(start, end), type__in=("run_started", "user_message", "run_finished")
+        ).only("seq", "type", "body")
+    )
+    # The OTLP bridge marks a call whose span carried no arguments (they are recorded only when the
+    # instrumentation opts in) with args_captured: false; only such calls have empty args to check.
+    uncaptured = set(
+        Event.objects.filter(
+            run=run, seq__in=[c.seq for c in calls if not c.args], body__args_captured=False
+        ).values_list("seq", flat=True)
+    )
+    detections = list(
+        Detection.objects.filter(run=run, seq__range=(start, end))
+        .select_related("feedback_by")
+        .order_by("seq", "pk")
+    )
+
+    items: list[Item] = []
+    by_seq: dict[int, Item] = {}
+    for r in rounds:
+        by_seq[r.seq] = Item(seq=r.seq, round=r.round, type="model_round", obj=r)
+    for c in calls:
+        item = Item(seq=c.seq, round=c.round, type="tool_call", obj=c)
+        item.signature = call_signature(config, c.tool, c.args)
+        item.args_missing = c.seq in uncaptured
+        item.args_text = _pretty(c.args)
+        item.result_text = _pretty(c.result) if c.result_seq is not None else ""
+        by_seq[c.seq] = item
+        if c.result_seq is not None:
+            by_seq.setdefault(c.result_seq, item)
+            item.anchors.append(c.result_seq)
+    for e in others:
+        by_seq[e.seq] = Item(seq=e.seq, round=0, type=e.type, body=e.body)
+    for d in detections:
+        item = by_seq.get(d.seq)
+        if item is None:  # fired on an event not shown by itself (a result whose call is on another page)
+            item = Item(seq=d.seq, round=d.at_round, type="detection")
+            by_seq[d.seq] = item
+        item.detections.append(d)
+    seen: set[int] = set()
+    for seq in sorted(by_seq):
+        item = by_seq[seq]
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        items.append(item)
+    # Round of events without one (messages, start, end): the round they happened in.
+    current = 0
+    previous_round = None
+    for item in items:
+        if item.round:
+            current = item.round
+        else:
+            item.round = current
+        item.new_round = item.round != previous_round
+        previous_round = item.round
+    counts = Counter(i.signature for i in items if i.signature)
+    for item in items:
+        if item.signature:
+            item.signature_count = counts[item.signature]
+    total = run.events_count
+    processed = run.cursor.position if getattr(run, "cursor", None) else 0
+    return Timeline(
+        items=items,
+        first=start,
+        last=min(end, total),
+        total=total,
+        processed=processed,
+        previous=max(1, start - size) if start > 1 else None,
+        next=end + 1 if end < total else None,
+        page_size=size,
+    )
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+
+
+def timeline_start_for(seq: int, size: int = TIMELINE_EVENTS) -> int:
+    """The first seq of the page that holds `seq`."""
+    return ((max(1, seq) - 1) // size) * size + 1
+
+
+def run_operations(*, run: Run) -> list[Operation]:
+    return list(Operation.objects.filter(run=run, tenant_id=run.tenant_id).order_by("created_at", "pk"))
+
+
+def run_detections(*, run: Run) -> list[Detection]:
+    """Every detection of the run, for the summary above the timeline (with links into it)."""
+    return list(Detection.objects.filter(run=run).order_by("seq", "pk").defer("evidence")[:500])
