@@ -2,4 +2,10 @@
 
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from dashboards.alerts.consumers import AlertsConsumer
+
+websocket_urlpatterns: list = [
+    path("ws/alerts", AlertsConsumer.as_asgi()),
+]

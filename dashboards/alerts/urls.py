@@ -3,4 +3,7 @@ from django.urls import path
 from dashboards.alerts import views
 
 app_name = "alerts"
-urlpatterns = [path("", views.index, name="index")]
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("<int:pk>/feedback/", views.feedback, name="feedback"),
+]

@@ -1,0 +1,193 @@
+"""Reads for the live alerts page: detections of the user's tenants, as alert payloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from django.db.models import Q, QuerySet
+
+from dashboards.models import Membership
+from ingest.detection import KINDS
+from ingest.models import Detection
+from ingest.services import alert_payload
+
+# Kinds stored besides the engine's: the ledger's duplicate side effect.
+ALERT_KINDS = (*KINDS, "duplicate_side_effect")
+FEEDBACK_ROLES = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
+PAGE_ALERTS = 100  # rows on a fresh page; older ones are a run's detail away
+CATCH_UP_MAX = 500  # a socket that was away long gets the newest 500, and is told there were more
+
+
+class AlertFilterError(ValueError):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class AlertFilters:
+    """What the page shows: interventions unless `observe`, optionally one kind, backend, action."""
+
+    kind: str = ""
+    backend: str = ""
+    action: str = ""
+    observe: bool = False
+
+    @classmethod
+    def parse(cls, params: Any) -> AlertFilters:
+        """From query parameters (a QueryDict or a dict of strings); a bad one raises naming it."""
+        kind = (params.get("kind") or "").strip()
+        if kind and kind not in ALERT_KINDS:
+            raise AlertFilterError("kind", f"unknown kind {kind[:40]!r} (one of {', '.join(ALERT_KINDS)})")
+        backend = (params.get("backend") or "").strip()
+        if len(backend) > 100:
+            raise AlertFilterError("backend", "at most 100 characters")
+        action = (params.get("action") or "").strip()
+        if action and action not in Detection.Action.values:
+            raise AlertFilterError(
+                "action", f"unknown action {action[:40]!r} (one of {', '.join(Detection.Action.values)})"
+            )
+        observe_raw = (params.get("observe") or "").strip().lower()
+        if observe_raw not in ("", "0", "1", "on", "true", "false", "off"):
+            raise AlertFilterError("observe", "must be 1 or 0")
+        # Asking for the observe action is asking to see observations.
+        observe = observe_raw in ("1", "on", "true") or action == Detection.Action.OBSERVE
+        return cls(kind=kind, backend=backend, action=action, observe=observe)
+
+    def q(self) -> Q:
+        q = Q()
+        if not self.observe:
+            q &= ~Q(action=Detection.Action.OBSERVE)
+        if self.kind:
+            q &= Q(kind=self.kind)
+        if self.backend:
+            q &= Q(backend=self.backend)
+        if self.action:
+            q &= Q(action=self.action)
+        return q
+
+    def matches(self, alert: dict[str, Any]) -> bool:
+        """The same test as q(), on a published alert payload."""
+        if not self.observe and alert.get("action") == Detection.Action.OBSERVE:
+            return False
+        return (
+            (not self.kind or alert.get("kind") == self.kind)
+            and (not self.backend or alert.get("backend") == self.backend)
+            and (not self.action or alert.get("action") == self.action)
+        )
+
+    def as_query(self) -> dict[str, str]:
+        query = {"kind": self.kind, "backend": self.backend, "action": self.action}
+        if self.observe:
+            query["observe"] = "1"
+        return {k: v for k, v in query.items() if v}
+
+
+class Alert(TypedDict, total=False):
+    id: int
+    run: int
+    run_id: str
+    tenant_id: int
+    agent: str
+    seq: int
+    kind: str
+    action: str
+    tool: str
+    count: int
+    backend: str
+    model: str
+    hint: str
+    ts: str
+    feedback: str
+    feedback_note: str
+    feedback_by: str
+    feedback_at: str
+
+
+def user_tenant_ids(*, user) -> list[int]:
+    if not user.is_authenticated:
+        return []
+    return list(Membership.objects.filter(user=user).values_list("tenant_id", flat=True))
+
+
+def feedback_tenant_ids(*, user) -> list[int]:
+    """Tenants in which the user may mark alerts (operator or admin)."""
+    if not user.is_authenticated:
+        return []
+    return list(
+        Membership.objects.filter(user=user, role__in=FEEDBACK_ROLES).values_list("tenant_id", flat=True)
+    )
+
+
+def _detections(*, tenant_ids: list[int], filters: AlertFilters) -> QuerySet[Detection]:
+    return (
+        Detection.objects.filter(tenant_id__in=tenant_ids)
+        .filter(filters.q())
+        .select_related("run", "feedback_by")
+        .only(
+            *(f.name for f in Detection._meta.concrete_fields if f.name != "evidence"),
+            "run__run_id",
+            "run__tenant_id",
+            "run__agent",
+            "feedback_by__username",
+        )
+    )
+
+
+def alert_as_dict(detection: Detection) -> Alert:
+    alert: Alert = alert_payload(detection, run=detection.run)  # type: ignore[assignment]
+    alert["feedback"] = detection.feedback
+    alert["feedback_note"] = detection.feedback_note
+    alert["feedback_by"] = detection.feedback_by.get_username() if detection.feedback_by else ""
+    alert["feedback_at"] = detection.feedback_at.isoformat() if detection.feedback_at else ""
+    return alert
+
+
+def alert_list(*, tenant_ids: list[int], filters: AlertFilters, limit: int = PAGE_ALERTS) -> list[Alert]:
+    """The newest alerts, newest first."""
+    if not tenant_ids:
+        return []
+    rows = _detections(tenant_ids=tenant_ids, filters=filters).order_by("-pk")[:limit]
+    return [alert_as_dict(d) for d in rows]
+
+
+def alerts_after(
+    *, tenant_ids: list[int], filters: AlertFilters, after: int, limit: int = CATCH_UP_MAX
+) -> tuple[list[Alert], bool]:
+    """Alerts with id > after, oldest first: at most `limit`, the newest ones, and whether there were more."""
+    if not tenant_ids:
+        return [], False
+    rows = list(
+        _detections(tenant_ids=tenant_ids, filters=filters).filter(pk__gt=after).order_by("-pk")[: limit + 1]
+    )
+    more = len(rows) > limit
+    return [alert_as_dict(d) for d in reversed(rows[:limit])], more
+
+
+def latest_alert_id(*, tenant_ids: list[int]) -> int:
+    """The newest detection id of these tenants, whatever its action: where a page's socket starts."""
+    if not tenant_ids:
+        return 0
+    return (
+        Detection.objects.filter(tenant_id__in=tenant_ids)
+        .order_by("-pk")
+        .values_list("pk", flat=True)
+        .first()
+        or 0
+    )
+
+
+def detection_for_user(*, user, pk: int) -> Detection | None:
+    return Detection.objects.filter(pk=pk, tenant__memberships__user=user).select_related("run").first()
+
+
+def backends_seen(*, tenant_ids: list[int]) -> list[str]:
+    """Backends of the tenants' recent alerts, for the filter's choices."""
+    if not tenant_ids:
+        return []
+    recent = (
+        Detection.objects.filter(tenant_id__in=tenant_ids).order_by("-pk").values_list("backend", flat=True)
+    )
+    return sorted({b for b in recent[:2000] if b})
