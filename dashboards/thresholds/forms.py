@@ -1,0 +1,223 @@
+"""Forms for a tenant's threshold rows and tool descriptions; blank means inherited."""
+
+from __future__ import annotations
+
+import re
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from dashboards.thresholds.preview import PREVIEW_MAX_RUNS, PREVIEW_RUNS
+from dashboards.thresholds.selectors import DEFAULTS, THRESHOLD_NAMES
+from ingest.detection import ToolSpec
+from ingest.models import ThresholdSet, ToolConfig
+
+# What differs per model backend (some repeat verbatim after an error, some batch calls in parallel)…
+BACKEND_FIELDS = (
+    "count_by_round",
+    "repeat_tolerance",
+    "oscillation_cycles",
+    "perturbation_calls",
+    "similarity",
+    "escalate_every",
+    "error_repeats",
+    "transient_retries",
+    "other_error_repeats",
+    "text_similarity",
+    "monologue_repeats",
+    "announcement_rounds",
+    "question_rounds",
+    "empty_rounds",
+    "poll_max_unchanged",
+    "poll_max_wall_s",
+)
+# … and what differs per task type: budgets and how long a run may go without progress.
+TASK_FIELDS = tuple(n for n in THRESHOLD_NAMES if n not in BACKEND_FIELDS)
+LABELS = {
+    "count_by_round": "count windows by",
+    "repeat_tolerance": "repeat tolerance (identical calls before a correction)",
+    "oscillation_cycles": "oscillation cycles (A→B→A→B full cycles)",
+    "perturbation_calls": "near-identical calls before a correction",
+    "similarity": "argument similarity threshold (0.5 to 1)",
+    "escalate_every": "escalate every (occurrences after a correction)",
+    "error_repeats": "identical non-retryable errors",
+    "transient_retries": "retries of a transient error",
+    "other_error_repeats": "identical errors of class other",
+    "text_similarity": "question/announcement similarity (0.5 to 1)",
+    "monologue_repeats": "repeated announcements",
+    "announcement_rounds": "announcement rounds without a call",
+    "question_rounds": "question rounds without a call",
+    "empty_rounds": "empty responses in a row",
+    "poll_max_unchanged": "poll: same status at most",
+    "poll_max_wall_s": "poll: wall clock at most (s)",
+    "no_progress_steps": "no-progress K (steps without progress)",
+    "max_goal_calls": "calls for one goal",
+    "max_rounds": "budget: model rounds",
+    "max_tool_calls": "budget: tool calls",
+    "max_same_tool_retries": "budget: same-tool retries",
+    "max_tokens": "budget: tokens",
+    "max_cost_usd": "budget: cost (USD)",
+    "max_wall_s": "budget: wall clock (s)",
+}
+ARG_NAME = re.compile(r"^[^\s,]+$")
+
+
+def _threshold_field(name: str) -> forms.Field:
+    default = getattr(DEFAULTS, name)
+    label = LABELS.get(name, name.replace("_", " "))
+    if isinstance(default, bool):
+        return forms.TypedChoiceField(
+            label=label,
+            required=False,
+            choices=[("", "inherit"), ("true", "round (a parallel batch is one step)"), ("false", "call")],
+            coerce=lambda v: v == "true",
+            empty_value=None,
+        )
+    if isinstance(default, float):
+        return forms.FloatField(label=label, required=False)
+    return forms.IntegerField(label=label, required=False)
+
+
+class ThresholdSetForm(forms.Form):
+    backend = forms.CharField(required=False, max_length=100)
+    model = forms.CharField(required=False, max_length=200)
+    task_type = forms.CharField(required=False, max_length=100)
+    note = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+    preview_runs = forms.IntegerField(
+        label="replay the last N runs",
+        min_value=1,
+        max_value=PREVIEW_MAX_RUNS,
+        initial=PREVIEW_RUNS,
+        required=False,
+    )
+
+    def __init__(self, *args, tenant, row: ThresholdSet | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant = tenant
+        self.row = row
+        for name in THRESHOLD_NAMES:
+            self.fields[name] = _threshold_field(name)
+        if row is not None:
+            for name in ("backend", "model", "task_type"):
+                self.fields[name].disabled = True  # a row's scope is its identity: delete and add instead
+
+    @property
+    def backend_fields(self):
+        return [self[n] for n in BACKEND_FIELDS]
+
+    @property
+    def task_fields(self):
+        return [self[n] for n in TASK_FIELDS]
+
+    def values(self) -> dict:
+        data = self.cleaned_data
+        return {n: data[n] for n in THRESHOLD_NAMES if data.get(n) is not None}
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        for name in ("backend", "model", "task_type"):
+            data[name] = (data.get(name) or "").strip()
+        # add_error() drops a field from cleaned_data: keep the scope and values aside first.
+        scope = {name: data[name] for name in ("backend", "model", "task_type")}
+        values = self.values()
+        candidate = ThresholdSet(tenant=self.tenant, values=values, **scope)
+        try:
+            candidate.clean()  # scope rules and Thresholds().merged(values)
+        except ValidationError as exc:
+            for name, messages in exc.message_dict.items():
+                for message in messages:
+                    # merged() says "field: reason; field: reason"; each goes beside its field.
+                    for part in message.split("; "):
+                        field_name, _, reason = part.partition(": ")
+                        if name == "values" and field_name in self.fields:
+                            self.add_error(field_name, f"{field_name}: {reason}")
+                        elif name in self.fields and name != "values":
+                            self.add_error(name, f"{name.replace('_', ' ')}: {part}")
+                        else:
+                            self.add_error(None, part)
+        if not values and self.row is None:
+            self.add_error(None, "Nothing to override: fill at least one value (blank fields inherit).")
+        if self.row is None:
+            clash = ThresholdSet.objects.filter(tenant=self.tenant, **scope).first()
+            if clash is not None:
+                self.add_error(
+                    "backend",
+                    "backend: this tenant already has a row for this scope: edit it instead of adding one",
+                )
+                self.clash = clash
+        data["preview_runs"] = data.get("preview_runs") or PREVIEW_RUNS
+        return data
+
+
+def _arg_list(value: str, name: str) -> list[str]:
+    items = [v.strip() for v in (value or "").split(",") if v.strip()]
+    bad = [v for v in items if not ARG_NAME.match(v)]
+    if bad:
+        raise ValidationError(f"{name}: argument names without spaces, separated by commas (not {bad[0]!r})")
+    return items
+
+
+class ToolConfigForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    kind = forms.ChoiceField(choices=[("", "as the call says"), *ToolConfig.Kind.choices], required=False)
+    core_args = forms.CharField(required=False, help_text="comma-separated; empty: all of them")
+    noise_args = forms.CharField(required=False, help_text="comma-separated; left out of the signature")
+    cursor_args = forms.CharField(required=False, help_text="comma-separated; beyond page/offset/cursor/…")
+    casefold = forms.BooleanField(required=False, label="compare string arguments without case")
+    note = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+    preview_runs = forms.IntegerField(
+        label="replay the last N runs",
+        min_value=1,
+        max_value=PREVIEW_MAX_RUNS,
+        initial=PREVIEW_RUNS,
+        required=False,
+    )
+
+    def __init__(self, *args, tenant, row: ToolConfig | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant = tenant
+        self.row = row
+        if row is not None:
+            self.fields["name"].disabled = True
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise ValidationError("name: required")
+        return name
+
+    def clean_core_args(self):
+        return _arg_list(self.cleaned_data["core_args"], "core arguments")
+
+    def clean_noise_args(self):
+        return _arg_list(self.cleaned_data["noise_args"], "noise arguments")
+
+    def clean_cursor_args(self):
+        return _arg_list(self.cleaned_data["cursor_args"], "cursor arguments")
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            ToolSpec.from_dict(
+                {k: data[k] for k in ("kind", "core_args", "noise_args", "cursor_args", "casefold")}
+            )
+        except ValueError as exc:
+            self.add_error(None, str(exc))
+        if self.row is None and ToolConfig.objects.filter(tenant=self.tenant, name=data["name"]).exists():
+            self.add_error("name", "name: this tenant already describes this tool: edit it instead")
+        data["preview_runs"] = data.get("preview_runs") or PREVIEW_RUNS
+        return data
+
+    def spec(self) -> ToolSpec:
+        d = self.cleaned_data
+        return ToolSpec(
+            kind=d["kind"],
+            core_args=tuple(d["core_args"]),
+            noise_args=tuple(d["noise_args"]),
+            cursor_args=tuple(d["cursor_args"]),
+            casefold=d["casefold"],
+        )

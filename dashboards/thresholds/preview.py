@@ -1,0 +1,170 @@
+"""What a threshold change would have done: the last stored runs replayed with both configurations.
+
+Reads only. The engine is pure and runs in this process; nothing is stored, no task is queued.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import QuerySet
+
+from ingest.detection import ACTIONS, Config, Detection, replay_run
+from ingest.models import Detection as StoredDetection
+from ingest.models import Event, ModelRound, Run
+
+PREVIEW_RUNS = 200  # the default: enough for a signal, about a second of replay on this machine
+PREVIEW_MAX_RUNS = 1000  # past this the page would wait too long; bench/ measures the figures
+INTERVENTION = ("correct", "handoff", "terminate")
+
+
+@dataclass(frozen=True)
+class First:
+    """A run's first intervention and its strongest action."""
+
+    kind: str
+    action: str
+    at_round: int
+    at_call: int
+    strongest: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.action} ({self.kind}) at round {self.at_round}, call {self.at_call}"
+
+
+@dataclass(frozen=True)
+class RunChange:
+    run: Run
+    change: str  # gains | loses | earlier | later | stronger | weaker
+    before: First | None
+    after: First | None
+    feedback: str  # "", "false_alarm", "true_loop" (operators' word on the run's stored detections)
+
+
+@dataclass
+class Preview:
+    runs: int = 0
+    replayed: int = 0  # runs whose configuration differs (the others cannot change: not replayed)
+    events: int = 0
+    before_interventions: int = 0  # of the replayed runs
+    after_interventions: int = 0
+    changes: list[RunChange] = field(default_factory=list)
+    feedback_runs: dict[str, int] = field(default_factory=dict)
+    elapsed_ms: float = 0.0
+
+    def count(self, change: str) -> int:
+        return sum(1 for c in self.changes if c.change == change)
+
+    @property
+    def count_gains(self) -> int:
+        return self.count("gains")
+
+    @property
+    def count_loses(self) -> int:
+        return self.count("loses")
+
+    @property
+    def count_moved(self) -> int:
+        return sum(1 for c in self.changes if c.change not in ("gains", "loses"))
+
+    @property
+    def false_alarms_fixed(self) -> int:
+        return sum(1 for c in self.changes if c.feedback == "false_alarm" and c.change == "loses")
+
+    @property
+    def true_loops_lost(self) -> int:
+        return sum(1 for c in self.changes if c.feedback == "true_loop" and c.change == "loses")
+
+
+def _first(found: list[Detection]) -> First | None:
+    interventions = [d for d in found if d.action in INTERVENTION]
+    if not interventions:
+        return None
+    first = interventions[0]
+    strongest = max(interventions, key=lambda d: d.level).action
+    return First(first.kind, first.action, first.at_round, first.at_call, strongest)
+
+
+def _compare(before: First | None, after: First | None) -> str:
+    if before is None and after is None:
+        return ""
+    if before is None:
+        return "gains"
+    if after is None:
+        return "loses"
+    if after.at_call != before.at_call:
+        return "earlier" if after.at_call < before.at_call else "later"
+    level_before, level_after = ACTIONS.index(before.strongest), ACTIONS.index(after.strongest)
+    if level_after != level_before:
+        return "stronger" if level_after > level_before else "weaker"
+    return ""
+
+
+def _events(run_pks: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Each run's stored events in order, with the round costs detection counted (priced at ingest)."""
+    costs = {
+        (run_pk, seq): cost
+        for run_pk, seq, cost in ModelRound.objects.filter(run_id__in=run_pks).values_list(
+            "run_id", "seq", "cost_usd"
+        )
+    }
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    rows = (
+        Event.objects.filter(run_id__in=run_pks)
+        .order_by("run_id", "seq")
+        .values_list("run_id", "seq", "type", "body")
+    )
+    for run_pk, seq, kind, body in rows.iterator(chunk_size=5000):
+        if kind == "model_round" and "cost_usd" not in body and (run_pk, seq) in costs:
+            body["cost_usd"] = costs[(run_pk, seq)]
+        out[run_pk].append(body)
+    return out
+
+
+def preview_replay(
+    *, runs: QuerySet[Run], limit: int, current: Callable[[Run], Config], proposed: Callable[[Run], Config]
+) -> Preview:
+    """Replay the last `limit` runs of `runs` with the current and the proposed configuration."""
+    started = time.perf_counter()
+    picked = list(
+        runs.order_by("-started_at", "-pk").only(
+            "pk", "run_id", "backend", "model", "task_type", "agent", "status"
+        )[:limit]
+    )
+    preview = Preview(runs=len(picked))
+    differing = [(run, current(run), proposed(run)) for run in picked]
+    differing = [(run, now, new) for run, now, new in differing if now != new]
+    preview.replayed = len(differing)
+    feedback: dict[int, str] = {}
+    for run_pk, value in (
+        StoredDetection.objects.filter(run_id__in=[r.pk for r in picked])
+        .exclude(feedback="")
+        .values_list("run_id", "feedback")
+    ):
+        # A run an operator called a true loop anywhere counts as one; else a false alarm.
+        if feedback.get(run_pk) != StoredDetection.Feedback.TRUE_LOOP:
+            feedback[run_pk] = value
+    for value in feedback.values():
+        label = StoredDetection.Feedback(value).label
+        preview.feedback_runs[label] = preview.feedback_runs.get(label, 0) + 1
+    events = _events([run.pk for run, _, _ in differing]) if differing else {}
+    for run, now, new in differing:
+        run_events = events.get(run.pk, [])
+        preview.events += len(run_events)
+        # The engine never mutates the events, so both replays can share them.
+        before = _first(replay_run(run_events, now)[1])
+        after = _first(replay_run(run_events, new)[1])
+        preview.before_interventions += before is not None
+        preview.after_interventions += after is not None
+        change = _compare(before, after)
+        if change:
+            preview.changes.append(RunChange(run, change, before, after, feedback.get(run.pk, "")))
+    order = {"loses": 0, "gains": 1, "earlier": 2, "later": 3, "stronger": 4, "weaker": 5}
+    preview.changes.sort(key=lambda c: (c.feedback == "", order[c.change], c.run.run_id))
+    preview.elapsed_ms = (time.perf_counter() - started) * 1000
+    return preview

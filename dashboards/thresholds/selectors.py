@@ -1,0 +1,148 @@
+"""Reads for threshold admin: the rows that apply to a tenant and how they resolve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.db.models import F, Q, QuerySet
+
+from dashboards.models import ConfigChange, Membership
+from ingest.detection import Config, Thresholds, ToolSpec
+from ingest.models import Reconciler, Tenant, ThresholdSet, ToolConfig
+
+THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
+DEFAULTS = Thresholds()
+
+
+def tenant_for_user(*, user, slug: str) -> tuple[Tenant, str] | None:
+    """The tenant by slug with the user's role in it; None when the user is not a member."""
+    membership = Membership.objects.filter(user=user, tenant__slug=slug).select_related("tenant").first()
+    return (membership.tenant, membership.role) if membership else None
+
+
+def user_memberships(*, user) -> QuerySet[Membership]:
+    return Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
+
+
+def threshold_rows(*, tenant: Tenant) -> list[ThresholdSet]:
+    """Shared rows (tenant NULL) and the tenant's own, shared first, then by scope."""
+    return list(
+        ThresholdSet.objects.filter(Q(tenant__isnull=True) | Q(tenant=tenant)).order_by(
+            F("tenant_id").asc(nulls_first=True), "task_type", "backend", "model"
+        )
+    )
+
+
+def scope_label(
+    row: ThresholdSet | None = None, *, backend: str = "", model: str = "", task_type: str = ""
+) -> str:
+    if row is not None:
+        backend, model, task_type = row.backend, row.model, row.task_type
+    if task_type:
+        return f"task type {task_type}"
+    if backend:
+        return f"{backend}/{model}" if model else f"backend {backend}"
+    return "global"
+
+
+def _applies(row: ThresholdSet, backend: str, model: str, task_type: str) -> bool:
+    # The same rows as ingest.selectors.config_for selects (a test pins the two together).
+    if not row.backend and not row.model:
+        return row.task_type in ("", task_type)
+    return row.backend == backend and row.model in ("", model) and not row.task_type
+
+
+def _weight(row: ThresholdSet) -> tuple[bool, int]:
+    scope = (
+        (2 if row.backend else 0) + (1 if row.model else 0) + (1 if row.task_type else 0) * (not row.backend)
+    )
+    return (row.tenant_id is not None, scope)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    thresholds: Thresholds
+    sources: dict[str, str]  # threshold name -> where its value comes from ("default" or a row)
+
+
+def thresholds_resolve(
+    rows: list[ThresholdSet],
+    *,
+    backend: str,
+    model: str,
+    task_type: str,
+    overrides: dict[int | None, Any] | None = None,
+) -> Resolved:
+    """Resolve in memory as config_for does: defaults < shared rows < the tenant's, by scope.
+
+    `overrides` replaces rows' values by pk (None: the row is left out). Rows whose values are
+    invalid are skipped, as the pipeline skips them.
+    """
+    overrides = overrides or {}
+    thresholds = DEFAULTS
+    sources = dict.fromkeys(THRESHOLD_NAMES, "default")
+    for row in sorted((r for r in rows if _applies(r, backend, model, task_type)), key=_weight):
+        values = overrides[row.pk] if row.pk in overrides else row.values
+        if values is None:
+            continue
+        try:
+            thresholds = thresholds.merged(values)
+        except (TypeError, ValueError, AttributeError):
+            continue
+        origin = ("" if row.tenant_id else "shared ") + scope_label(row)
+        for name in values:
+            sources[name] = origin
+    return Resolved(thresholds, sources)
+
+
+def tool_rows(*, tenant: Tenant) -> list[ToolConfig]:
+    return list(
+        ToolConfig.objects.filter(Q(tenant__isnull=True) | Q(tenant=tenant)).order_by(
+            "name", F("tenant_id").asc(nulls_first=True)
+        )
+    )
+
+
+def tool_specs(
+    rows: list[ToolConfig], *, replace: dict[str, ToolSpec | None] | None = None
+) -> dict[str, ToolSpec]:
+    """Tool specs as config_for builds them: a tenant's row replaces the shared one of that name."""
+    specs: dict[str, ToolSpec] = {}
+    for row in sorted(rows, key=lambda r: r.tenant_id is not None):
+        specs[row.name] = ToolSpec(
+            kind=row.kind,
+            core_args=tuple(row.core_args),
+            noise_args=tuple(row.noise_args),
+            cursor_args=tuple(row.cursor_args),
+            casefold=row.casefold,
+        )
+    for name, spec in (replace or {}).items():
+        if spec is None:
+            specs.pop(name, None)
+        else:
+            specs[name] = spec
+    return specs
+
+
+def config_resolve(
+    rows: list[ThresholdSet],
+    tools: dict[str, ToolSpec],
+    *,
+    backend: str,
+    model: str,
+    task_type: str,
+    overrides=None,
+) -> Config:
+    resolved = thresholds_resolve(
+        rows, backend=backend, model=model, task_type=task_type, overrides=overrides
+    )
+    return Config(thresholds=resolved.thresholds, tools=tools)
+
+
+def reconcilers_by_tool(*, names: list[str]) -> dict[str, Reconciler]:
+    return {r.tool: r for r in Reconciler.objects.filter(tool__in=names)}
+
+
+def config_changes(*, tenant: Tenant, limit: int = 50) -> QuerySet[ConfigChange]:
+    return ConfigChange.objects.filter(tenant=tenant).select_related("user").order_by("-at", "-pk")[:limit]
