@@ -164,6 +164,22 @@ if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DA
     raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
 LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
 LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
+# Seconds an API key stays cached in a server process: revoking takes effect in the revoking
+# process at once, in the others within this time. 0: look the key up on every request.
+LOOPWATCH_KEY_CACHE_S = env_int("LOOPWATCH_KEY_CACHE_S", 5, minimum=0)
+
+
+# --- OTLP ingest: which span attribute names the run (docs/otlp.md) -----------------------------
+def _otlp_run_id(raw: str) -> tuple[str, ...]:
+    from ingest.otlp.mapping import run_id_sources  # pure Python: no model is imported
+
+    try:
+        return run_id_sources(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"LOOPWATCH_OTLP_RUN_ID={raw!r}: {exc}") from None
+
+
+LOOPWATCH_OTLP_RUN_ID = _otlp_run_id(env_str("LOOPWATCH_OTLP_RUN_ID", "trace_id"))
 
 # --- DRF and the OpenAPI schema ---------------------------------------------
 REST_FRAMEWORK = {

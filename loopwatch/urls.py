@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from ingest.api.otlp import OtlpTracesIngestApi
 from ingest.views import metrics_view
 
 urlpatterns = [
@@ -9,6 +10,8 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("ingest.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
+    # OTLP/HTTP's own path: an exporter given OTEL_EXPORTER_OTLP_ENDPOINT=https://host appends it.
+    path("v1/traces", OtlpTracesIngestApi.as_view(), name="otlp-traces"),
     path("metrics", metrics_view, name="metrics"),
     path("", include("dashboards.urls")),
 ]
