@@ -116,8 +116,14 @@ def operation_claim(
     lease_s = min(max(lease_s, 1.0), MAX_LEASE_S)
     fp = fingerprint(args)
     now = timezone.now()
+    expires = now + timedelta(seconds=lease_s)
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # The common case, a new key, in one statement and one round trip (autocommit).
+        op = _insert_claimed(tenant, key, tool, args, fp, worker_id, expires, step_id, now)
+        if op is not None:
+            return ClaimAnswer("execute", op)
     with transaction.atomic():
-        inserted = _insert(tenant, key, tool, args, fp, worker_id, now + timedelta(seconds=lease_s), step_id)
+        inserted = _insert(tenant, key, tool, args, fp, worker_id, expires, step_id)
         op = Operation.objects.select_for_update().get(tenant=tenant, operation_key=key)
         if inserted:
             OperationTransition.objects.create(
@@ -166,13 +172,11 @@ def operation_claim(
         return ClaimAnswer("reconcile", op, 409)
 
 
-def _insert(
+def _new_row(
     tenant: Tenant, key: str, tool: str, args: dict, fp: str, owner: str, expires: datetime, step_id: str
-) -> bool:
-    """INSERT ... ON CONFLICT DO NOTHING: True when this caller created the operation (and owns it)."""
-    table = Operation._meta.db_table
+) -> dict[str, Any]:
     now = timezone.now()
-    values = {
+    return {
         "tenant_id": tenant.pk,
         "operation_key": key,
         "tool": tool,
@@ -194,6 +198,14 @@ def _insert(
         "created_at": now,
         "updated_at": now,
     }
+
+
+def _insert(
+    tenant: Tenant, key: str, tool: str, args: dict, fp: str, owner: str, expires: datetime, step_id: str
+) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING: True when this caller created the operation (and owns it)."""
+    table = Operation._meta.db_table
+    values = _new_row(tenant, key, tool, args, fp, owner, expires, step_id)
     columns = ", ".join(values)
     cast = "::jsonb" if connection.vendor == "postgresql" else ""
     placeholders = ", ".join(f"%s{cast}" if name == "args" else "%s" for name in values)
@@ -207,6 +219,84 @@ def _insert(
             params,
         )
         return cursor.fetchone() is not None
+
+
+_TRANSITION_COLUMNS = "operation_id, from_status, to_status, actor, actor_id, note, evidence, at"
+
+
+def _insert_claimed(
+    tenant: Tenant,
+    key: str,
+    tool: str,
+    args: dict,
+    fp: str,
+    owner: str,
+    expires: datetime,
+    step_id: str,
+    now: datetime,
+) -> Operation | None:
+    """PostgreSQL: the new operation and its first transition in one statement; None when the key
+    exists already (the caller then takes the locked path)."""
+    values = _new_row(tenant, key, tool, args, fp, owner, expires, step_id)
+    placeholders = ", ".join("%s::jsonb" if name == "args" else "%s" for name in values)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH ins AS (INSERT INTO {Operation._meta.db_table} ({', '.join(values)}) "
+            f"VALUES ({placeholders}) ON CONFLICT (tenant_id, operation_key) DO NOTHING RETURNING id), "
+            f"tr AS (INSERT INTO {OperationTransition._meta.db_table} ({_TRANSITION_COLUMNS}) "
+            "SELECT id, '', %s, %s, %s, 'claimed', '{}'::jsonb, %s FROM ins) "
+            "SELECT id FROM ins",
+            [*values.values(), S.RUNNING, Actor.WORKER, owner, now],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    fields = {**values, "args": args}
+    return Operation(id=row[0], tenant=tenant, **{k: v for k, v in fields.items() if k != "tenant_id"})
+
+
+def _complete_succeeded(
+    tenant: Tenant, key: str, worker_id: str, result_json: str, digest: str, external_request_id: str
+) -> Operation | None:
+    """PostgreSQL: the lease holder's success in one statement (update + transition); None when the
+    operation is not RUNNING under this worker's lease (the caller then takes the locked path)."""
+    now = timezone.now()
+    returned = (
+        "id, operation_key, tool, status, fingerprint, attempts, lease_owner, lease_expires_at, "
+        "external_request_id, error_class, needs_person, reconcile_attempts, created_at, updated_at"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH upd AS (UPDATE {Operation._meta.db_table} SET status = %s, result_json = %s, "
+            "result_digest = %s, external_request_id = COALESCE(NULLIF(%s, ''), external_request_id), "
+            "lease_expires_at = NULL, updated_at = %s "
+            "WHERE tenant_id = %s AND operation_key = %s AND status = %s AND lease_owner = %s "
+            f"RETURNING {returned}), "
+            f"tr AS (INSERT INTO {OperationTransition._meta.db_table} ({_TRANSITION_COLUMNS}) "
+            "SELECT id, %s, %s, %s, %s, '', '{}'::jsonb, %s FROM upd) "
+            f"SELECT {returned} FROM upd",
+            [
+                S.SUCCEEDED,
+                result_json,
+                digest,
+                external_request_id,
+                now,
+                tenant.pk,
+                key,
+                S.RUNNING,
+                worker_id,
+                S.RUNNING,
+                S.SUCCEEDED,
+                Actor.WORKER,
+                worker_id,
+                now,
+            ],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    names = [name.strip() for name in returned.split(",")]
+    return Operation(tenant=tenant, **dict(zip(names, row, strict=True)))
 
 
 def _lease_expired(op: Operation) -> None:
@@ -236,6 +326,12 @@ def operation_complete(
     no_side_effect: bool = False,
 ) -> Operation:
     """The lease holder reports the outcome; the result is stored before anyone is answered."""
+    if outcome == "succeeded" and connection.vendor == "postgresql" and not connection.in_atomic_block:
+        result_json = orjson.dumps(result).decode()
+        digest = hashlib.sha256(result_json.encode()).hexdigest()
+        op = _complete_succeeded(tenant, key, worker_id, result_json, digest, external_request_id)
+        if op is not None:
+            return op
     with transaction.atomic():
         op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
         if op is None:

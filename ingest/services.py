@@ -73,9 +73,14 @@ def api_key_create(*, tenant: Tenant, scopes: list[str], name: str = "") -> tupl
 
 
 def api_key_revoke(*, key: ApiKey) -> ApiKey:
+    """Revoke at once in this process; other server processes stop accepting it within
+    LOOPWATCH_KEY_CACHE_S seconds."""
+    from ingest.auth import api_key_forget
+
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
+    api_key_forget(key.key_hash)
     return key
 
 

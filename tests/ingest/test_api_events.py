@@ -7,12 +7,13 @@ from decimal import Decimal
 
 import orjson
 import pytest
+from django.utils import timezone
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from ingest.models import ApiKey, Backend, Event, ModelPrice, Run, RunCursor, ToolCall
-from ingest.services import api_key_revoke
+from ingest.services import api_key_create, api_key_revoke
 from tests.ingest.events import model_round, run_finished, run_started, tool_call, tool_result, with_ids
 
 URL = "/api/v1/events"
@@ -216,6 +217,24 @@ def test_it_refuses_a_request_without_a_usable_key(api, key, tenant, make_key):
     api_key_revoke(key=ApiKey.objects.get(scopes=["ingest", "read"]))
     assert api.post(URL, [run_started()], key).status_code == 401
     assert not Event.objects.exists()
+
+
+def test_a_key_is_looked_up_once_per_cache_period_and_revoking_ends_it_at_once(
+    key, settings, django_assert_num_queries
+):
+    from ingest.auth import api_key_lookup
+
+    settings.LOOPWATCH_KEY_CACHE_S = 60
+    first = api_key_lookup(key)
+    with django_assert_num_queries(0):
+        assert api_key_lookup(key) == first
+    api_key_revoke(key=first)
+    assert api_key_lookup(key) is None
+    settings.LOOPWATCH_KEY_CACHE_S = 0  # no cache: a revocation by another process counts at once
+    fresh, raw = api_key_create(tenant=first.tenant, scopes=["ingest"])
+    assert api_key_lookup(raw) == fresh
+    ApiKey.objects.filter(pk=fresh.pk).update(revoked_at=timezone.now())
+    assert api_key_lookup(raw) is None
 
 
 def test_only_a_hash_of_the_key_is_stored(key):

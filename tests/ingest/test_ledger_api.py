@@ -12,7 +12,9 @@ from django.utils import timezone
 from ingest.ledger import leases_expire
 from ingest.models import Operation, OperationTransition
 
-pytestmark = pytest.mark.django_db
+# Committed transactions, as in production: on PostgreSQL a new key's claim and a lease holder's
+# success then take their one-statement paths (inside a test's transaction they cannot).
+pytestmark = pytest.mark.django_db(transaction=True)
 CLAIM = "/api/v1/operations/claim"
 
 

@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 from ingest.ledger import (
+    NotLeaseHolder,
     TransitionRefused,
     operation_claim,
     operation_complete,
@@ -72,3 +73,27 @@ def test_retention_keeps_open_and_recent_operations(tenant, settings):
     assert sorted(Operation.objects.values_list("operation_key", flat=True)) == ["old-refund", "open"]
     assert operations_purge(now=timezone.now() + timedelta(days=30)) == 1  # the refund's TTL too
     assert list(Operation.objects.values_list("status", flat=True)) == ["UNKNOWN"]  # never purged
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_new_claim_and_its_success_are_one_statement_each(
+    needs_postgres, tenant, django_assert_num_queries
+):
+    with django_assert_num_queries(1):
+        answer = operation_claim(
+            tenant=tenant, key="k1", tool="refund", args={"p": 1}, worker_id="w", lease_s=30
+        )
+    assert answer.decision == "execute" and answer.operation.status == "RUNNING"
+    with django_assert_num_queries(1):
+        done = operation_complete(tenant=tenant, key="k1", worker_id="w", outcome="succeeded", result=[1])
+    assert done.status == "SUCCEEDED" and done.lease_expires_at is None
+    stored = Operation.objects.get(pk=answer.operation.pk)
+    assert (stored.status, stored.result_json, stored.lease_owner) == ("SUCCEEDED", "[1]", "w")
+    assert [(t.from_status, t.to_status, t.actor_id) for t in stored.history.all()] == [
+        ("", "RUNNING", "w"),
+        ("RUNNING", "SUCCEEDED", "w"),
+    ]
+    # another worker's success is not the holder's: the locked path refuses it
+    operation_claim(tenant=tenant, key="k2", tool="refund", args={}, worker_id="w", lease_s=30)
+    with pytest.raises(NotLeaseHolder, match="cannot complete"):
+        operation_complete(tenant=tenant, key="k2", worker_id="intruder", outcome="succeeded", result=1)

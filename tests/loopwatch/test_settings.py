@@ -67,6 +67,7 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
         ({"REDIS_URL": "http://cache"}, "REDIS_URL"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "lots"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
+        ({"LOOPWATCH_KEY_CACHE_S": "-1"}, "LOOPWATCH_KEY_CACHE_S"),
         ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
     ],
 )
