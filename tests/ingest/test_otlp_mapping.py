@@ -1,0 +1,246 @@
+"""The span-to-event mapping and the OTLP envelope as bare functions: no database, no server."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from ingest.otlp.mapping import (
+    AGENT,
+    LLM,
+    TOOL,
+    SpanIn,
+    SpanPlan,
+    _failure,
+    events_build,
+    run_id_sources,
+    span_role,
+    tool_args,
+    ts_text,
+)
+from ingest.otlp.wire import OtlpError, decompress, status_encode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def span(attrs: dict, **fields) -> SpanIn:
+    values = {
+        "path": "resourceSpans[0].scopeSpans[0].spans[0]",
+        "trace_id": "ab" * 16,
+        "span_id": "cd" * 8,
+        "parent_id": "ef" * 8,
+        "name": "s",
+        "start_ns": 1_795_950_000 * 10**9,
+        "end_ns": 1_795_950_001 * 10**9,
+        "attrs": attrs,
+        "resource": {},
+        "status_code": 0,
+        "status_message": "",
+        "exceptions": [],
+    }
+    return SpanIn(**{**values, **fields})
+
+
+@pytest.mark.parametrize(
+    ("raw", "sources"),
+    [
+        ("trace_id", ("trace_id",)),
+        (
+            "conversation",
+            (
+                "gen_ai.conversation.id",
+                "session.id",
+                "traceloop.association.properties.session_id",
+                "trace_id",
+            ),
+        ),
+        ("app.run_id", ("app.run_id", "trace_id")),
+        (" app.run_id , session.id,trace_id ", ("app.run_id", "session.id", "trace_id")),
+    ],
+)
+def test_run_id_sources_always_end_with_the_trace_id(raw, sources):
+    assert run_id_sources(raw) == sources
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("", "must not be empty"),
+        ("session.id,,trace_id", "holds an empty item"),
+        ("trace_id,session.id", "trace_id must come last"),
+        ("run id", "'run id' is not an attribute name"),
+    ],
+)
+def test_run_id_sources_refuse_what_cannot_work(raw, reason):
+    with pytest.raises(ValueError, match=reason):
+        run_id_sources(raw)
+
+
+def test_a_bad_run_id_setting_stops_start_up_naming_the_variable():
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env={
+            **env,
+            "DJANGO_SETTINGS_MODULE": "loopwatch.settings",
+            "LOOPWATCH_OTLP_RUN_ID": "trace_id,session.id",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert (
+        "ImproperlyConfigured: LOOPWATCH_OTLP_RUN_ID='trace_id,session.id': trace_id must come last"
+        in done.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("attrs", "role"),
+    [
+        ({"gen_ai.operation.name": "execute_tool"}, TOOL),
+        ({"gen_ai.operation.name": "chat"}, LLM),
+        ({"gen_ai.operation.name": "invoke_agent"}, AGENT),
+        ({"gen_ai.operation.name": "embeddings", "gen_ai.usage.input_tokens": 5}, None),
+        ({"openinference.span.kind": "TOOL"}, TOOL),
+        ({"openinference.span.kind": "llm"}, LLM),
+        ({"openinference.span.kind": "CHAIN"}, AGENT),
+        ({"openinference.span.kind": "RETRIEVER"}, None),
+        ({"traceloop.span.kind": "tool"}, TOOL),
+        ({"traceloop.span.kind": "task"}, None),
+        ({"llm.request.type": "chat", "gen_ai.system": "openai"}, LLM),
+        ({"gen_ai.system": "openai", "gen_ai.usage.prompt_tokens": 3}, LLM),
+        ({"http.request.method": "GET"}, None),
+    ],
+)
+def test_span_roles_across_the_three_dialects(attrs, role):
+    assert span_role(span(attrs)) == role
+
+
+@pytest.mark.parametrize(
+    ("attrs", "args"),
+    [
+        ({"gen_ai.tool.call.arguments": '{"a": 1}'}, {"a": 1}),
+        ({"gen_ai.tool.call.arguments": "not json"}, {"input": "not json"}),
+        ({"gen_ai.tool.call.arguments": "[1, 2]"}, {"input": [1, 2]}),
+        (
+            {"tool.parameters": '{"type": "object", "properties": {}}', "input.value": '{"q": "x"}'},
+            {"q": "x"},
+        ),
+        ({"tool.parameters": '{"type": "object", "properties": {}}'}, None),
+        (
+            {"traceloop.span.kind": "tool", "traceloop.entity.input": '{"args": [1], "kwargs": {"k": 2}}'},
+            {"k": 2, "args": [1]},
+        ),
+        ({}, None),
+    ],
+)
+def test_tool_arguments(attrs, args):
+    assert tool_args(span(attrs))[0] == args
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"status_code": 1, "exceptions": [{"exception.type": "ValueError"}]}, None),
+        ({"status_code": 2, "status_message": "boom"}, ("error", "other", "boom")),
+        (
+            {"exceptions": [{"exception.type": "TimeoutError", "exception.message": "30 s"}]},
+            ("timeout", "other", "TimeoutError: 30 s"),
+        ),
+        ({"attrs": {"error.type": "timeout"}}, ("timeout", "other", "timeout")),
+        (
+            {"status_code": 2, "exceptions": [{"exception.type": "openai.RateLimitError"}]},
+            ("error", "rate_limited", "openai.RateLimitError"),
+        ),
+        (
+            {"status_code": 2, "exceptions": [{"exception.type": "PermissionError"}]},
+            ("error", "permission", "PermissionError"),
+        ),
+        (
+            {"status_code": 2, "exceptions": [{"exception.type": "FileNotFoundError"}]},
+            ("error", "not_found", "FileNotFoundError"),
+        ),
+        (
+            {"status_code": 2, "exceptions": [{"exception.type": "json.JSONDecodeError"}]},
+            ("error", "parse_error", "json.JSONDecodeError"),
+        ),
+        (
+            {"status_code": 2, "exceptions": [{"exception.type": "ValueError"}]},
+            ("error", "invalid_argument", "ValueError"),
+        ),
+        (
+            {"status_code": 2, "exceptions": [{"exception.type": "ConnectionResetError"}]},
+            ("error", "transient", "ConnectionResetError"),
+        ),
+        ({"status_code": 2, "attrs": {"error.type": "500"}}, ("error", "transient", "500")),
+        (
+            {"status_code": 2, "attrs": {"loopwatch.error_class": "empty_result"}},
+            ("error", "empty_result", "error"),
+        ),
+    ],
+)
+def test_span_failures_become_status_and_error_class(fields, expected):
+    assert _failure(span(fields.pop("attrs", {}), **fields)) == expected
+
+
+def test_timestamps_keep_microseconds_in_utc():
+    assert ts_text(1_795_950_000_123_456_789) == "2026-11-29T11:00:00.123456Z"
+
+
+def test_tool_calls_take_the_round_of_the_last_llm_span_started_before_them():
+    def plan(index: int, role: str, start: int, end: int, **attrs) -> SpanPlan:
+        item = span(attrs, span_id=f"{index + 1:016x}", start_ns=start * 10**6, end_ns=end * 10**6)
+        return SpanPlan(span=item, index=index, role=role, run_id="r", tool="t" if role == TOOL else "")
+
+    plans = [
+        plan(0, TOOL, 5, 6),  # before any round of this export: the run's last stored round
+        plan(1, LLM, 10, 20),
+        plan(2, TOOL, 21, 25),
+        plan(3, TOOL, 22, 24),  # parallel with the one before: same round
+        plan(4, LLM, 30, 40),
+        plan(5, TOOL, 41, 42),
+    ]
+    from ingest.otlp.mapping import KnownRun
+
+    built = events_build(
+        plans,
+        runs={"r": KnownRun("a", "openai", "m", rounds=4)},
+        tool_kinds={"t": "read"},
+        max_event_bytes=10**6,
+    )
+    rounds = [(e["type"], e.get("round")) for e in built.events if e["type"] in ("model_round", "tool_call")]
+    assert rounds == [
+        ("tool_call", 4),
+        ("model_round", 5),
+        ("tool_call", 5),
+        ("tool_call", 5),
+        ("model_round", 6),
+        ("tool_call", 6),
+    ]
+    assert all(e["kind"] == "read" for e in built.events if e["type"] == "tool_call")
+    assert not any(e["type"] == "run_started" for e in built.events)  # a known run, fully described
+
+
+def test_decompression_is_bounded():
+    assert decompress(gzip.compress(b"x" * 1000), "gzip", 1000) == b"x" * 1000
+    assert decompress(zlib.compress(b"y" * 10), "deflate", 100) == b"y" * 10
+    with pytest.raises(OtlpError) as refused:
+        decompress(gzip.compress(b"x" * 1001), "gzip", 1000)
+    assert refused.value.status == 413
+
+
+def test_the_status_message_is_a_google_rpc_status():
+    from google.rpc.status_pb2 import Status
+
+    message = "body: " + "é" * 200
+    status = Status.FromString(status_encode("protobuf", 400, message))
+    assert (status.code, status.message) == (3, message)
