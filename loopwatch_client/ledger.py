@@ -1,4 +1,4 @@
-"""A client of loopwatch's idempotency ledger, for agent runtimes: stdlib only, no Django.
+"""The idempotency ledger's client: claim, complete, look up, and invoke_once.
 
     from loopwatch_client import LedgerClient, OutcomeUnknown
 
@@ -13,36 +13,20 @@ again until the ledger's reconciler (or a person) has found out what happened.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
 import random
-import select
 import socket
-import threading
 import time
 import urllib.error
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-__all__ = [
-    "ERROR_CLASSES",
-    "Claim",
-    "CompletionFailed",
-    "LedgerClient",
-    "LedgerError",
-    "LedgerUnavailable",
-    "LoopwatchError",
-    "OperationCompensated",
-    "OperationFailed",
-    "OutcomeUnknown",
-    "PayloadConflict",
-    "StillRunning",
-]
+from loopwatch_client._http import Transport, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +45,6 @@ ERROR_CLASSES = frozenset(
         "other",
     }
 )
-API_PREFIX = "/api/v1"
 FIRST_POLL_S = 0.05  # the first pause after a `wait`; it doubles up to max_poll_s
 COMPLETE_ATTEMPTS = 3  # a completion whose answer was lost is sent again this many times in all
 
@@ -197,24 +180,11 @@ class LedgerClient:
     def __init__(
         self, base_url: str, api_key: str, worker_id: str | None = None, timeout: float = 10
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"base_url: expected http(s)://host[:port], got {base_url!r}")
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port or (443 if self._https else 80)
-        path = parts.path.rstrip("/")
-        self._prefix = (path if path.endswith(API_PREFIX) else path + API_PREFIX) + "/operations"
-        self._headers = {
-            "Authorization": f"Bearer {api_key}",
-            "Accept": "application/json",
-            "Content-Type": "application/json",
-            "User-Agent": "loopwatch-client/0.1",
-        }
+        self._transport = Transport(base_url, api_key, timeout=timeout)
+        self._prefix = "/operations"
         self.timeout = timeout
         self._worker_id = worker_id
         self._auto_worker: tuple[int, str] | None = None
-        self._local = threading.local()
 
     @property
     def worker_id(self) -> str:
@@ -324,6 +294,7 @@ class LedgerClient:
         max_poll_s: float = 2.0,
         external_request_id_of: Callable[[Any], str | None] | None = None,
         on_decision: Callable[[Claim], None] | None = None,
+        claim: Callable[[], Claim] | None = None,
     ) -> Any:
         """Run `fn(args, idempotency_key=key)` at most once for `key`, and return its result.
 
@@ -342,43 +313,48 @@ class LedgerClient:
 
         external_request_id_of(result) may name the downstream's id of the effect, stored for
         reconcilers; on_decision(claim) sees every answer of the ledger (for logs and tests).
+        claim() replaces the plain claim (the guard's check claims a write as it decides on it).
         """
         no_side_effect_types = tuple(no_side_effect_on)
         deadline = time.monotonic() + wait_timeout
         backoff = FIRST_POLL_S
         while True:
-            claim = self.claim(operation_key=key, tool=tool, args=args, lease_s=lease_s)
+            answer = (
+                claim()
+                if claim is not None
+                else self.claim(operation_key=key, tool=tool, args=args, lease_s=lease_s)
+            )
             if on_decision is not None:
-                on_decision(claim)
-            if claim.decision == "execute":
+                on_decision(answer)
+            if answer.decision == "execute":
                 return self._execute(key, fn, args, no_side_effect_types, external_request_id_of)
-            if claim.decision == "reuse":
-                return claim.result
-            if claim.decision == "wait":
+            if answer.decision == "reuse":
+                return answer.result
+            if answer.decision == "wait":
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StillRunning(
                         f"{key}: still running under another worker's lease after {wait_timeout:g} s",
                         key=key,
-                        retry_after=claim.retry_after,
-                        body=claim.body,
+                        retry_after=answer.retry_after,
+                        body=answer.body,
                     )
-                pause = min(claim.retry_after or backoff, backoff) * random.uniform(0.5, 1.0)
+                pause = min(answer.retry_after or backoff, backoff) * random.uniform(0.5, 1.0)
                 time.sleep(min(max(pause, 0.005), left))
                 backoff = min(backoff * 2, max_poll_s)
                 continue
-            if claim.decision == "reconcile":
+            if answer.decision == "reconcile":
                 raise OutcomeUnknown(
-                    f"{key}: outcome UNKNOWN ({claim.status}); not executed again until reconciled",
+                    f"{key}: outcome UNKNOWN ({answer.status}); not executed again until reconciled",
                     key=key,
-                    body=claim.body,
+                    body=answer.body,
                 )
-            if claim.decision == "failed":
-                raise OperationFailed(f"{key}: failed before: {claim.error}", key=key, body=claim.body)
-            if claim.decision == "compensated":
-                raise OperationCompensated(f"{key}: compensated", key=key, body=claim.body)
+            if answer.decision == "failed":
+                raise OperationFailed(f"{key}: failed before: {answer.error}", key=key, body=answer.body)
+            if answer.decision == "compensated":
+                raise OperationCompensated(f"{key}: compensated", key=key, body=answer.body)
             raise LedgerError(
-                f"{key}: unexpected decision {claim.decision!r}", status=claim.http_status, body=claim.body
+                f"{key}: unexpected decision {answer.decision!r}", status=answer.http_status, body=answer.body
             )
 
     def _execute(
@@ -454,45 +430,15 @@ class LedgerClient:
 
     # --- HTTP ------------------------------------------------------------------------------------
 
-    def _connection(self) -> http.client.HTTPConnection:
-        local = self._local
-        conn: http.client.HTTPConnection | None = getattr(local, "conn", None)
-        if conn is not None and getattr(local, "pid", None) != os.getpid():
-            conn = None  # inherited through fork: the parent's socket, not ours
-        if conn is not None and conn.sock is not None:
-            # A keep-alive connection the server has closed meanwhile reads as readable (EOF):
-            # open a new one rather than send a request into it.
-            readable, _, _ = select.select([conn.sock], [], [], 0)
-            if readable:
-                conn.close()
-        if conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = cls(self._host, self._port, timeout=self.timeout)
-            local.conn, local.pid = conn, os.getpid()
-        return conn
-
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict]:
         try:
             data = json.dumps(body, allow_nan=False).encode() if body is not None else None
         except (TypeError, ValueError) as exc:  # a result the ledger cannot store: say so, send nothing
             raise LedgerError(f"{method} {self._prefix}{path}: body is not JSON: {exc}") from exc
-        conn = self._connection()
         try:
-            conn.request(method, self._prefix + path, body=data, headers=self._headers)
-            response = conn.getresponse()
-            raw = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise LedgerUnavailable(f"{method} {self._prefix}{path}: {type(exc).__name__}: {exc}") from exc
-        if response.will_close:
-            conn.close()
-        try:
-            answer = json.loads(raw) if raw else {}
-        except ValueError:
-            answer = {"detail": raw[:300].decode(errors="replace")}
-        if not isinstance(answer, dict):
-            answer = {"detail": str(answer)[:300]}
-        return response.status, answer
+            return self._transport.request(method, self._prefix + path, data)
+        except TransportError as exc:
+            raise LedgerUnavailable(str(exc)) from exc
 
     @staticmethod
     def _refused(what: str, status: int, answer: dict[str, Any]) -> LedgerError:
