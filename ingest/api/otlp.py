@@ -80,7 +80,12 @@ class OtlpTracesIngestApi(APIView):
                 "body",
                 f"{length} bytes, the limit is {limit} bytes (LOOPWATCH_MAX_BODY_BYTES)",
             )
-        body = decompress(request.body, request.META.get("HTTP_CONTENT_ENCODING", ""), limit)
+        raw = request.body
+        if len(raw) > limit:  # a chunked body says no Content-Length
+            raise OtlpError(
+                413, "body_too_large", "body", f"over the limit of {limit} bytes (LOOPWATCH_MAX_BODY_BYTES)"
+            )
+        body = decompress(raw, request.META.get("HTTP_CONTENT_ENCODING", ""), limit)
         export = request_decode(body, encoding)
         spans = sum(len(scope.spans) for resource in export.resource_spans for scope in resource.scope_spans)
         if spans > settings.LOOPWATCH_MAX_BATCH_EVENTS:
