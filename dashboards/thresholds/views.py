@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from dashboards.models import Membership
@@ -210,7 +212,11 @@ def threshold_edit(request, slug: str, pk: int | None = None):
                     note=data["note"],
                 )
                 messages.success(request, f"Saved the {scope_label(saved)} thresholds of {tenant.slug}.")
-                return redirect("thresholds:tenant", slug=tenant.slug)
+                # Back to the effective values of the scope just changed.
+                query = urlencode(
+                    {"backend": saved.backend, "model": saved.model, "task_type": saved.task_type}
+                )
+                return redirect(f"{reverse('thresholds:tenant', kwargs={'slug': tenant.slug})}?{query}")
             preview = _threshold_preview(tenant, rows, row, form)
         else:
             status = 400
