@@ -22,9 +22,11 @@ diagnosis. A write goes through the ledger (LedgerClient.invoke_once, the check 
 executed at most once per key. Every call is traced (a call that was stopped without a result, a
 reused one with the result given back) through the guard's Tracer.
 
-When loopwatch cannot answer, a read (poll, other) runs anyway — the agent must not stop because
-its watcher is down — and `stats["unavailable"]` counts it; a write raises LedgerUnavailable,
-because without the ledger it could happen twice.
+When loopwatch cannot answer the check (down, slow past `timeout`, or refusing it), a read (poll,
+other) runs anyway — the agent must not stop because its watcher is down — and
+`stats["unavailable"]` counts it (with a warning in the log); after no answer, reads run unchecked
+for RETRY_CHECKS_AFTER_S without asking. A write raises LedgerUnavailable instead: without the
+ledger it could happen twice.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ __all__ = ["Decision", "Guard", "HandoffRequested", "LoopDetected", "RunTerminat
 logger = logging.getLogger(__name__)
 
 UNAVAILABLE_LOG_EVERY_S = 10.0
+# After a check that got no answer, reads run unchecked this long without asking: an agent must
+# not pay a timeout per tool call while loopwatch is down.
+RETRY_CHECKS_AFTER_S = 5.0
 KINDS = ("read", "write", "poll", "other")
 
 
@@ -157,6 +162,7 @@ class Guard:
             0,
         )
         self._last_unavailable_log = 0.0
+        self._skip_until = 0.0
 
     @property
     def stats(self) -> dict[str, int]:
@@ -215,7 +221,13 @@ class Guard:
         operation_key: str | None = None,
         lease_s: float | None = None,
     ) -> Decision:
-        """loopwatch's decision about a call; raises LoopwatchError when there is no answer."""
+        """loopwatch's decision about a call; raises LoopwatchError when there is no answer.
+
+        The run's events still in the tracer's buffer are sent first (when loopwatch is answering):
+        the decision must see the result of the call before this one.
+        """
+        if self.tracer.healthy:
+            self.tracer.flush(timeout=self._transport.timeout)
         body: dict[str, Any] = {"tool": tool, "kind": kind, "args": args, "ts": ts or now_ts()}
         if run.round:
             body["round"] = run.round
@@ -296,9 +308,14 @@ class Guard:
         args: dict[str, Any],
     ) -> Any:
         ts = now_ts()
+        if time.monotonic() < self._skip_until:
+            self._stats["unavailable"] += 1
+            return self._execute(run, tool, kind, fn, a, kw, args, ts=ts)
         try:
             decision = self.check(run, tool, args, kind=kind, ts=ts)
         except LoopwatchError as exc:
+            if isinstance(exc, LedgerUnavailable):
+                self._skip_until = time.monotonic() + RETRY_CHECKS_AFTER_S
             self._unavailable(tool, exc)
             return self._execute(run, tool, kind, fn, a, kw, args, ts=ts)
         self._stats[decision.decision] = self._stats.get(decision.decision, 0) + 1

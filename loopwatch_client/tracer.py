@@ -90,6 +90,7 @@ class Tracer:
             ("emitted", "sent", "duplicate", "rejected", "dropped", "retries", "batches"), 0
         )
         self._last_error = ""
+        self._healthy = True  # the last request got an answer
         self._dropped_since_log = 0
         self._last_drop_log = 0.0
         self._thread = threading.Thread(target=self._run, name="loopwatch-tracer", daemon=True)
@@ -131,6 +132,11 @@ class Tracer:
         full, not JSON, refused for good, left at close), retries, batches, buffered, last_error."""
         with self._lock:
             return {**self._stats, "buffered": len(self._buffer), "last_error": self._last_error}
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the last request to loopwatch was answered (a flush is then worth waiting for)."""
+        return self._healthy
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything emitted so far was sent (or dropped); False on timeout."""
@@ -227,8 +233,10 @@ class Tracer:
         try:
             status, answer = self._transport.request("POST", "/events", body)
         except TransportError as exc:
+            self._healthy = False
             self._note_error(str(exc))
             return False
+        self._healthy = status < 500
         self._stats["batches"] += 1
         if status in (200, 207, 422):
             self._count_verdicts(answer, len(batch))
