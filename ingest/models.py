@@ -132,6 +132,11 @@ class Run(models.Model):
             models.Index(fields=["tenant", "backend", "-started_at"], name="run_tenant_backend"),
             models.Index(fields=["tenant", "task_type", "-started_at"], name="run_tenant_task_type"),
             models.Index(fields=["tenant", "status", "-started_at"], name="run_tenant_status"),
+            # The values the overview's filters offer (DISTINCT by an index-only scan). Columns set once
+            # by run_started: ingest's updates of the figures stay HOT.
+            models.Index(
+                fields=["tenant", "backend", "model", "task_type", "agent"], name="run_tenant_dimensions"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -303,8 +308,12 @@ class Detection(models.Model):
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="detection_tenant_created"),
             models.Index(fields=["tenant", "backend", "-created_at"], name="detection_tenant_backend"),
-            # The overview's charts count detections by the time of the event that fired them.
-            models.Index(fields=["tenant", "ts"], name="detection_tenant_ts"),
+            # The overview counts detections by the time of the event that fired them, from this
+            # index alone (an index-only scan: the rows themselves carry evidence and hints).
+            models.Index(
+                fields=["tenant", "ts", "backend", "model", "task_type", "kind", "action", "feedback"],
+                name="detection_tenant_ts_figures",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -468,6 +477,11 @@ class Operation(models.Model):
             models.Index(fields=["status", "next_reconcile_at"], name="operation_reconcile"),
             models.Index(fields=["status", "lease_expires_at"], name="operation_lease"),
             models.Index(fields=["tenant", "status", "updated_at"], name="operation_tenant_status"),
+            models.Index(
+                fields=["tenant", "unknown_since"],
+                condition=Q(status="UNKNOWN"),
+                name="operation_tenant_unknown",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,0 +1,331 @@
+"""Reads of the overview page: stored per-run figures and detection rows, never raw events.
+
+Runs are taken by when they started (a cohort: "runs started in the range"), detections by the time
+of the event that made them fire, UNKNOWN operations as they are now. Every query is scoped to
+OverviewFilters.tenant_ids, which the view builds from the user's memberships only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.db.models import BigIntegerField, Count, F, Func, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+
+from dashboards.overview.filters import FilterOptions, OverviewFilters
+from ingest.models import Detection, Operation, Run
+
+FINISHED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.TRUNCATED, Run.Status.ABANDONED)
+REPEAT_KINDS = ("exact_repeat", "interval_loop", "oscillation", "perturbation")  # the same call again
+TAIL_RUNS_LIMIT = 50
+# Ages of UNKNOWN operations, as the queue works them: reconciliation retries for up to an hour.
+UNKNOWN_AGES = (
+    ("< 5 min", timedelta(minutes=5)),
+    ("5-15 min", timedelta(minutes=15)),
+    ("15-60 min", timedelta(hours=1)),
+    ("1-6 h", timedelta(hours=6)),
+    ("6-24 h", timedelta(days=1)),
+    ("> 1 day", None),
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+OPTIONS_TTL_S = 60  # new backends and task types show in the filters within a minute
+
+
+# The planner cannot estimate how many groups the chart's time buckets make and, taking them for one per
+# run, sorts on disk instead of hashing a few thousand groups in memory.
+WORK_MEM = "32MB"
+
+
+@contextmanager
+def page_reads():
+    """The page's reads in one transaction (one snapshot), with memory to group them (PostgreSQL)."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL work_mem = '{WORK_MEM}'")
+        yield
+
+
+def filter_options(*, tenant_ids: list[int] | tuple[int, ...], fresh: bool = False) -> FilterOptions:
+    """Backends, models, task types and agents that occur in the tenants' runs (an index-only DISTINCT),
+    cached for a minute; `fresh` reads them again (a value the cache does not know yet)."""
+    key = "overview-options:" + ",".join(map(str, sorted(tenant_ids)))
+    options = None if fresh else cache.get(key)
+    if options is None:
+        options = _filter_options(tenant_ids)
+        cache.set(key, options, OPTIONS_TTL_S)
+    return options
+
+
+def _filter_options(tenant_ids) -> FilterOptions:
+    combos = (
+        Run.objects.filter(tenant_id__in=tenant_ids)
+        .values_list("backend", "model", "task_type", "agent")
+        .distinct()
+        .order_by()
+    )
+    backends, models, task_types, agents = set(), set(), set(), set()
+    for backend, model, task_type, agent in combos:
+        backends.add(backend)
+        if model:
+            models.add((backend, model))
+        task_types.add(task_type)
+        if agent:
+            agents.add(agent)
+    return FilterOptions(
+        backends=tuple(sorted(backends)),
+        models=tuple(sorted(models)),
+        task_types=tuple(sorted(task_types)),
+        agents=tuple(sorted(agents)),
+    )
+
+
+def runs_in_range(*, f: OverviewFilters) -> QuerySet[Run]:
+    runs = Run.objects.filter(tenant_id__in=f.tenant_ids, started_at__gte=f.start, started_at__lt=f.end)
+    for name in ("backend", "model", "task_type", "agent"):
+        value = getattr(f, name)
+        if value:
+            runs = runs.filter(**{name: value})
+    return runs
+
+
+def detections_in_range(*, f: OverviewFilters) -> QuerySet[Detection]:
+    found = Detection.objects.filter(tenant_id__in=f.tenant_ids, ts__gte=f.start, ts__lt=f.end)
+    for name in ("backend", "model", "task_type"):
+        value = getattr(f, name)
+        if value:
+            found = found.filter(**{name: value})
+    if f.agent:
+        found = found.filter(run__agent=f.agent)
+    return found
+
+
+def bucket_of(when: datetime, step: timedelta) -> datetime:
+    """The start of the bucket holding `when`: buckets are aligned on multiples of step since 1970."""
+    return _EPOCH + (when - _EPOCH) // step * step
+
+
+def buckets(*, f: OverviewFilters) -> list[datetime]:
+    first, last = bucket_of(f.start, f.step), bucket_of(f.end - timedelta(microseconds=1), f.step)
+    count = (last - first) // f.step + 1
+    return [first + i * f.step for i in range(count)]
+
+
+class EpochBucket(Func):
+    """The number of the step-long bucket holding a timestamp, counted from 1970: an integer, so the
+    database groups by the chart's own step and no timestamp is converted back per row."""
+
+    output_field = BigIntegerField()
+
+    def __init__(self, expression, step: timedelta) -> None:
+        super().__init__(expression)
+        self.seconds = int(step.total_seconds())
+
+    def as_sql(self, compiler, connection, **extra):  # SQLite and others: whole seconds since 1970
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"(CAST(strftime('%%s', {sql}) AS INTEGER) / %s)", [*params, self.seconds]
+
+    def as_postgresql(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        # date_part() is a float: EXTRACT() computes a numeric, several times slower per row.
+        return f"FLOOR(date_part('epoch', {sql}) / %s)::bigint", [*params, self.seconds]
+
+
+def bucket_start(number: int, step: timedelta) -> datetime:
+    return _EPOCH + number * step
+
+
+def run_figures(*, f: OverviewFilters) -> dict[str, Any]:
+    """The cards, the per-backend figures and the budget rows, from one grouped scan of the runs in range.
+
+    Returns totals, by_backend (runs, running, finished, budget, succeeded, flagged, events, tool_calls,
+    cost, success_cost, burned per backend) and budget_rows (finished runs per time bucket, task type
+    and budget type, "" for runs not ended by a budget).
+    """
+    rows = (
+        runs_in_range(f=f)
+        .annotate(at=EpochBucket("started_at", f.step))
+        .values_list("backend", "at", "task_type", "status", "terminated_by", "budget_type")
+        .annotate(
+            n=Count("*"),
+            flagged=Count("pk", filter=Q(loop_flagged=True)),
+            events=Coalesce(Sum("events_count"), 0),
+            calls=Coalesce(Sum("tool_calls"), 0),
+            cost=Coalesce(Sum("cost_usd"), 0.0),
+            burned=Coalesce(Sum("cost_after_loop_usd"), 0.0),
+        )
+        .order_by()
+    )
+    zero = dict.fromkeys(("runs", "running", "finished", "budget", "succeeded", "flagged"), 0)
+    zero.update(dict.fromkeys(("events", "tool_calls", "cost", "success_cost", "burned"), 0))
+    by_backend: dict[str, dict[str, Any]] = {}
+    budget: dict[tuple[int, str, str], int] = defaultdict(int)
+    for (
+        backend,
+        at,
+        task_type,
+        status,
+        terminated_by,
+        budget_type,
+        n,
+        flagged,
+        events,
+        calls,
+        cost,
+        burned,
+    ) in rows:
+        line = by_backend.setdefault(backend, {"backend": backend, **zero})
+        line["runs"] += n
+        line["events"] += events
+        line["tool_calls"] += calls
+        line["cost"] += cost
+        line["burned"] += burned
+        line["flagged"] += flagged
+        if status == Run.Status.RUNNING:
+            line["running"] += n
+        if status == Run.Status.SUCCEEDED:
+            line["succeeded"] += n
+            line["success_cost"] += cost
+        if status in FINISHED:
+            line["finished"] += n
+            ended = (budget_type or "unspecified") if terminated_by == "budget" else ""
+            if ended:
+                line["budget"] += n
+            budget[(at, task_type, ended)] += n
+    lines = [by_backend[name] for name in sorted(by_backend)]
+    totals = {key: sum(line[key] for line in lines) for key in zero}
+    return {
+        "totals": totals,
+        "by_backend": lines,
+        "budget_rows": [
+            {"bucket": bucket_start(at, f.step), "task_type": task_type, "budget_type": ended, "runs": n}
+            for (at, task_type, ended), n in sorted(budget.items())
+        ],
+    }
+
+
+def tail_histograms(*, f: OverviewFilters) -> dict[str, dict[str, dict[int, int]]]:
+    """{metric: {task type: {value: finished runs}}} for rounds and tool calls, from one grouped scan."""
+    out: dict[str, dict[str, dict[int, int]]] = {"rounds": {}, "tool_calls": {}}
+    rows = (
+        runs_in_range(f=f)
+        .filter(status__in=FINISHED)
+        .values_list("task_type", "rounds", "tool_calls")
+        .annotate(n=Count("*"))
+        .order_by()
+    )
+    for task_type, rounds, calls, n in rows:
+        per_rounds = out["rounds"].setdefault(task_type, {})
+        per_rounds[rounds] = per_rounds.get(rounds, 0) + n
+        per_calls = out["tool_calls"].setdefault(task_type, {})
+        per_calls[calls] = per_calls.get(calls, 0) + n
+    return out
+
+
+def tail_runs(*, f: OverviewFilters, limit: int = TAIL_RUNS_LIMIT) -> tuple[list[Run], int]:
+    """The finished runs behind a bar of the long-tail chart, longest first, and how many there are."""
+    assert f.bin is not None
+    metric = f.metric
+    runs = (
+        runs_in_range(f=f)
+        .filter(status__in=FINISHED, task_type=f.bin.task_type)
+        .filter(**{f"{metric}__gte": f.bin.lo, f"{metric}__lte": f.bin.hi})
+    )
+    listed = list(
+        runs.select_related("tenant")
+        .only(
+            *("run_id", "agent", "backend", "model", "task_type", "status", "terminated_by"),
+            *("budget_type", "rounds", "tool_calls", "cost_usd", "cost_after_loop_usd", "started_at"),
+            *("loop_flagged", "tenant__slug"),
+        )
+        .order_by(F(metric).desc(), "-started_at")[:limit]
+    )
+    total = len(listed) if len(listed) < limit else runs.count()
+    return listed, total
+
+
+def detection_rows(*, f: OverviewFilters) -> dict[str, list[dict[str, Any]]]:
+    """The detections in range two ways: `series`, the interventions (correct and stronger) per
+    (bucket, backend, model, kind), for the chart over time; `totals`, every detection per
+    (backend, model, kind, action, feedback), for the tables and the rates."""
+    found = detections_in_range(f=f)
+    series = (
+        found.exclude(action=Detection.Action.OBSERVE)
+        .annotate(at=EpochBucket("ts", f.step))
+        .values_list("at", "backend", "model", "kind")
+        .annotate(n=Count("*"))
+        .order_by()
+    )
+    totals = (
+        found.values_list("backend", "model", "kind", "action", "feedback").annotate(n=Count("*")).order_by()
+    )
+    starts: dict[int, datetime] = {}
+    out: dict[str, list[dict[str, Any]]] = {"series": [], "totals": []}
+    for at, backend, model, kind, n in series:
+        start = starts.get(at) or starts.setdefault(at, bucket_start(at, f.step))
+        out["series"].append({"bucket": start, "backend": backend, "model": model, "kind": kind, "n": n})
+    for backend, model, kind, action, feedback, n in totals:
+        out["totals"].append(
+            {"backend": backend, "model": model, "kind": kind, "action": action, "feedback": feedback, "n": n}
+        )
+    return out
+
+
+def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -> dict[str, Any]:
+    """The writes whose outcome is UNKNOWN now (not limited to the range), with their ages."""
+    ops = Operation.objects.filter(tenant_id__in=f.tenant_ids, status=Operation.Status.UNKNOWN)
+    for name in ("backend", "model", "task_type", "agent"):
+        value = getattr(f, name)
+        if value:
+            ops = ops.filter(**{f"run__{name}": value})
+    aggregates: dict[str, Any] = {
+        "open": Count("pk"),
+        "first": Min("unknown_since"),
+        "people": Count("pk", filter=Q(needs_person=True)),
+    }
+    lower = None
+    for index, (_, upper) in enumerate(UNKNOWN_AGES):
+        window = Q(unknown_since__isnull=False)
+        if upper is not None:
+            window &= Q(unknown_since__gt=now - upper)
+        if lower is not None:
+            window &= Q(unknown_since__lte=now - lower)
+        aggregates[f"age{index}"] = Count("pk", filter=window)
+        lower = upper
+    figures = ops.aggregate(**aggregates)
+    ages = [(label, figures[f"age{i}"]) for i, (label, _) in enumerate(UNKNOWN_AGES)]
+    listed = list(
+        ops.filter(unknown_since__isnull=False)
+        .select_related("tenant", "run")
+        .only("operation_key", "tool", "unknown_since", "needs_person", "tenant__slug", "run__run_id")
+        .order_by("unknown_since", "pk")[:oldest]
+    )
+    for op in listed:
+        op.age = now - op.unknown_since
+    return {
+        "open": figures["open"],
+        "needs_person": figures["people"],
+        "oldest_age": (now - figures["first"]) if figures["first"] else None,
+        "ages": ages,
+        "oldest": listed,
+    }
+
+
+def latest_runs(*, f: OverviewFilters, limit: int = 10) -> list[Run]:
+    return list(runs_in_range(f=f).select_related("tenant").order_by("-started_at")[:limit])
+
+
+def runs_exist(*, tenant_ids: list[int] | tuple[int, ...]) -> bool:
+    return Run.objects.filter(tenant_id__in=tenant_ids).exists()
+
+
+def last_run_started(*, f: OverviewFilters) -> datetime | None:
+    """When the latest run of the user's tenants started: said when the range holds nothing."""
+    return Run.objects.filter(tenant_id__in=f.tenant_ids).aggregate(at=Max("started_at"))["at"]
