@@ -127,7 +127,8 @@ class Guard:
 
     tracer: the Tracer to send events through (one is made for base_url/api_key when not given);
     ledger: the LedgerClient for writes (likewise); timeout: seconds a check may take before the
-    call goes on unchecked (reads) or fails (writes).
+    call goes on unchecked (reads) or fails (writes); on_decision(tool, decision) sees every
+    answer (for logs and metrics).
     """
 
     def __init__(
@@ -139,7 +140,9 @@ class Guard:
         ledger: LedgerClient | None = None,
         timeout: float = 2.0,
         lease_s: float = 60.0,
+        on_decision: Callable[[str, Decision], None] | None = None,
     ) -> None:
+        self.on_decision = on_decision
         self._transport = Transport(base_url, api_key, timeout=timeout)
         self.tracer = tracer or Tracer(base_url, api_key)
         self.ledger = ledger or LedgerClient(base_url, api_key)
@@ -247,7 +250,10 @@ class Guard:
             detail = answer.get("detail") or answer.get("error") or "no detail"
             error = LedgerUnavailable if status >= 500 else LoopwatchError
             raise error(f"check {tool}: HTTP {status}: {detail}")
-        return Decision.from_answer(answer)
+        decision = Decision.from_answer(answer)
+        if self.on_decision is not None:
+            self.on_decision(tool, decision)
+        return decision
 
     # --- decorators -------------------------------------------------------------------------------
 
