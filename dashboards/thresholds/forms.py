@@ -91,7 +91,9 @@ class ThresholdSetForm(forms.Form):
         required=False,
     )
 
-    def __init__(self, *args, tenant, row: ThresholdSet | None = None, **kwargs) -> None:
+    def __init__(
+        self, *args, tenant, row: ThresholdSet | None = None, read_only: bool = False, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.tenant = tenant
         self.row = row
@@ -100,6 +102,10 @@ class ThresholdSetForm(forms.Form):
         if row is not None:
             for name in ("backend", "model", "task_type"):
                 self.fields[name].disabled = True  # a row's scope is its identity: delete and add instead
+                self.initial[name] = getattr(row, name)
+        if read_only:
+            for f in self.fields.values():
+                f.disabled = True
 
     @property
     def backend_fields(self):
@@ -175,12 +181,18 @@ class ToolConfigForm(forms.Form):
         required=False,
     )
 
-    def __init__(self, *args, tenant, row: ToolConfig | None = None, **kwargs) -> None:
+    def __init__(
+        self, *args, tenant, row: ToolConfig | None = None, read_only: bool = False, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.tenant = tenant
         self.row = row
         if row is not None:
             self.fields["name"].disabled = True
+            self.initial["name"] = row.name
+        if read_only:
+            for f in self.fields.values():
+                f.disabled = True
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()

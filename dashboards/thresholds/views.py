@@ -230,7 +230,7 @@ def threshold_edit(request, slug: str, pk: int | None = None):
                 initial[name] = ("true" if value else "false") if isinstance(value, bool) else value
         else:
             initial.update(dict(zip(("backend", "model", "task_type"), scope, strict=True)))
-        form = ThresholdSetForm(initial=initial, tenant=tenant, row=row)
+        form = ThresholdSetForm(initial=initial, tenant=tenant, row=row, read_only=role != ADMIN)
     inherited = thresholds_resolve(
         rows,
         backend=scope[0],
@@ -342,7 +342,7 @@ def tool_edit(request, slug: str, pk: int | None = None):
                 cursor_args=", ".join(source.cursor_args),
                 casefold=source.casefold,
             )
-        form = ToolConfigForm(initial=initial, tenant=tenant, row=row)
+        form = ToolConfigForm(initial=initial, tenant=tenant, row=row, read_only=role != ADMIN)
     name = row.name if row else (form.data.get("name") if form.is_bound else form.initial.get("name", ""))
     shared = ToolConfig.objects.filter(tenant__isnull=True, name=name).first() if name else None
     return render(

@@ -356,3 +356,24 @@ def test_forms_need_the_csrf_token(tenant):
     token = client.get(path).content.decode().split('name="csrfmiddlewaretoken" value="')[1].split('"')[0]
     response = client.post(path, {"repeat_tolerance": "4", "intent": "save", "csrfmiddlewaretoken": token})
     assert response.status_code == 302 and ThresholdSet.objects.get().values == {"repeat_tolerance": 4}
+
+
+def test_previewing_an_edit_replays_with_the_rows_new_values(tenant):
+    row = ThresholdSet.objects.create(
+        tenant=tenant, backend="openai", model="gpt-4o", values={"repeat_tolerance": 5}
+    )
+    _repeating_run(tenant, "quietened")
+    client = _client(_member(tenant, "ana"))
+    page = client.post(
+        f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"repeat_tolerance": "3", "intent": "preview"}
+    ).content.decode()
+    assert 'id="preview-gains">1<' in page and 'data-run="quietened"' in page
+    assert ThresholdSet.objects.get().values == {"repeat_tolerance": 5} and not ConfigChange.objects.exists()
+
+
+def test_a_viewer_sees_the_form_read_only(client, tenant):
+    row = ThresholdSet.objects.create(tenant=tenant, task_type="faq", values={"max_rounds": 9})
+    client.force_login(_member(tenant, "vic", "viewer"))
+    page = client.get(f"/thresholds/{tenant.slug}/sets/{row.pk}/").content.decode()
+    assert 'name="max_rounds" value="9"' in page and "disabled" in page
+    assert 'id="preview-button"' not in page and "read only" in page
