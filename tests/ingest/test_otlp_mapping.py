@@ -15,12 +15,14 @@ from ingest.otlp.mapping import (
     AGENT,
     LLM,
     TOOL,
+    KnownRun,
     SpanIn,
     SpanPlan,
     _failure,
     events_build,
     run_id_sources,
     span_role,
+    spans_plan,
     tool_args,
     ts_text,
 )
@@ -209,8 +211,6 @@ def test_tool_calls_take_the_round_of_the_last_llm_span_started_before_them():
         plan(4, LLM, 30, 40),
         plan(5, TOOL, 41, 42),
     ]
-    from ingest.otlp.mapping import KnownRun
-
     built = events_build(
         plans,
         runs={"r": KnownRun("a", "openai", "m", rounds=4)},
@@ -244,3 +244,39 @@ def test_the_status_message_is_a_google_rpc_status():
     message = "body: " + "é" * 200
     status = Status.FromString(status_encode("protobuf", 400, message))
     assert (status.code, status.message) == (3, message)
+
+
+def test_a_conversation_id_on_one_span_names_the_run_of_the_whole_trace():
+    root = span({"gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "conv-1"}, parent_id="")
+    tool = span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}, span_id="12" * 8)
+    other = span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}, trace_id="99" * 16)
+    plans = spans_plan([tool, root, other], run_id_sources("conversation"))
+    assert [(p.run_id, p.run_from_trace) for p in plans] == [
+        ("conv-1", False),
+        ("conv-1", False),
+        ("99" * 16, True),
+    ]
+    built = events_build(plans, runs={}, tool_kinds={}, max_event_bytes=10**6)
+    # A conversation goes on after a turn: its root span does not finish the run.
+    assert not any(e["type"] == "run_finished" for e in built.events)
+
+
+def test_a_trace_without_agent_semantics_makes_no_run_but_ends_a_known_one():
+    http_root = span({"http.request.method": "POST"}, parent_id="")
+    plans = spans_plan([http_root], run_id_sources("trace_id"))
+    assert events_build(plans, runs={}, tool_kinds={}, max_event_bytes=10**6).events == []
+    known = {"ab" * 16: KnownRun("a", "openai", "m", rounds=2)}
+    failed = span({}, parent_id="", status_code=2, status_message="agent crashed")
+    built = events_build(
+        spans_plan([failed], run_id_sources("trace_id")), runs=known, tool_kinds={}, max_event_bytes=10**6
+    )
+    assert [(e["type"], e["status"], e["terminated_by"], e["reason"]) for e in built.events] == [
+        ("run_finished", "failed", "error", "agent crashed")
+    ]
+
+
+def test_a_run_id_attribute_too_long_refuses_the_trace_naming_it():
+    plans = spans_plan(
+        [span({"session.id": "s" * 201, "openinference.span.kind": "TOOL"})], ("session.id", "trace_id")
+    )
+    assert str(plans[0].problem) == "session.id: must be at most 200 characters to be a run id (got 201)"
