@@ -602,14 +602,20 @@ def events_build(
             by_run[plan.run_id].append(plan)
     for run_id, members in by_run.items():
         known = runs.get(run_id)
-        # A trace without agent semantics (an HTTP request of the same service, say) is no run; its
-        # root span still ends a run that earlier exports started.
-        if known is None and not any(plan.role is not None for plan in members):
+        # A trace without a model or tool call (an HTTP request of the same service, a LangChain
+        # chain that never reached a model) is no run; its root span still ends a run that earlier
+        # exports started.
+        if known is None and not any(plan.role in (TOOL, LLM) for plan in members):
             continue
         members = [plan for plan in members if plan.role is not None or _ends_run(plan)]
         if members:
             _run_events(run_id, members, known, tool_kinds, max_event_bytes, built)
     return built
+
+
+def _responded(span: SpanIn) -> bool:
+    """A failed model call that reports no usage (a 429, a timeout) brought no response: no round."""
+    return span.status_code != 2 or span.first(INPUT_TOKENS + OUTPUT_TOKENS) is not None
 
 
 def _ends_run(plan: SpanPlan) -> bool:
@@ -666,9 +672,9 @@ def _run_events(
 
     base = known.rounds if known is not None else 0
     llm_starts: list[tuple[int, int]] = []  # (start_ns, round)
+    responses = [p for p in members if p.role == LLM and _responded(p.span)]
     for number, plan in enumerate(
-        sorted((p for p in members if p.role == LLM), key=lambda p: (p.span.start_ns, p.span.end_ns)),
-        start=base + 1,
+        sorted(responses, key=lambda p: (p.span.start_ns, p.span.end_ns)), start=base + 1
     ):
         llm_starts.append((plan.span.start_ns, number))
         _add(built, keyed, plan, lambda p=plan, n=number: [_model_round(p, run_id, n)], max_event_bytes)

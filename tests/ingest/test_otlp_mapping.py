@@ -280,3 +280,23 @@ def test_a_run_id_attribute_too_long_refuses_the_trace_naming_it():
         [span({"session.id": "s" * 201, "openinference.span.kind": "TOOL"})], ("session.id", "trace_id")
     )
     assert str(plans[0].problem) == "session.id: must be at most 200 characters to be a run id (got 201)"
+
+
+def test_a_failed_model_call_without_usage_is_no_round():
+    plans = spans_plan(
+        [
+            span({"gen_ai.operation.name": "chat"}, status_code=2, span_id="01" * 8),
+            span(
+                {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 9},
+                status_code=2,
+                span_id="02" * 8,
+            ),
+            span({"gen_ai.operation.name": "chat"}, span_id="03" * 8),
+        ],
+        ("trace_id",),
+    )
+    built = events_build(plans, runs={}, tool_kinds={}, max_event_bytes=10**6)
+    assert [(e["round"], e["otel_span_id"]) for e in built.events if e["type"] == "model_round"] == [
+        (1, "02" * 8),
+        (2, "03" * 8),
+    ]
