@@ -154,6 +154,7 @@ class KnownRun:
     model: str
     rounds: int
     service: str = ""  # its service.name label: the agent's name until a span names the agent
+    from_otlp: bool = True  # started by this bridge (its source label): only such runs are renamed
 
 
 @dataclass(slots=True)
@@ -651,7 +652,9 @@ def _run_events(
             },
         }
         keyed.append((first_ns, 0, -1, started, None))
-    else:
+    elif known.from_otlp:
+        # A run_started of our own again, naming only what is missing. Never for a run its runtime
+        # started itself: a second run_started would reset the budgets its own one set.
         unset = {"agent": ("", known.service), "backend": ("unknown",), "model": ("",)}
         missing = {
             name: description[name]

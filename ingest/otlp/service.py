@@ -72,7 +72,14 @@ def otlp_traces_ingest(
     plans = spans_plan(spans, run_id_sources)
     run_ids = {plan.run_id for plan in plans if plan.problem is None}
     runs = {
-        run_id: KnownRun(agent, backend, model, rounds, str(labels.get("service.name", "")))
+        run_id: KnownRun(
+            agent,
+            backend,
+            model,
+            rounds,
+            service=str(labels.get("service.name", "")),
+            from_otlp=labels.get("source") == "otlp",
+        )
         for run_id, agent, backend, model, rounds, labels in Run.objects.filter(
             tenant=tenant, run_id__in=run_ids
         ).values_list("run_id", "agent", "backend", "model", "rounds", "labels")

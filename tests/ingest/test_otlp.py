@@ -667,3 +667,28 @@ def test_another_tenants_runs_are_never_touched(api, tenant, other_tenant, key, 
 def test_other_methods_are_405(api, key, client):
     response = client.get(URL, HTTP_AUTHORIZATION=f"Bearer {key}")
     assert response.status_code == 405 and "POST" in response["Allow"]
+
+
+@pytest.mark.django_db
+def test_spans_continue_a_run_its_runtime_started_over_rest(api, tenant, key):
+    agent, memory = recorded()
+    shop_run(agent, orders=1)
+    spans = memory.get_finished_spans()
+    run_id = spans[0].context.trace_id.to_bytes(16, "big").hex()
+    started = {
+        "type": "run_started",
+        "run_id": run_id,
+        "ts": "2026-11-29T10:59:00Z",
+        "budgets": {"max_tool_calls": 2},
+    }
+    assert api.post("/api/v1/events", [started], key).status_code == 200
+
+    response = api.post(URL, request_bytes(spans), key, content_type=PROTOBUF)
+    assert response.status_code == 200
+    run = only_run(tenant)
+    # No run_started of the bridge's: the runtime's own stands, with its budgets (now exhausted).
+    assert list(Event.objects.filter(run=run, type="run_started").values_list("event_id", flat=True)) == [
+        None
+    ]
+    assert run.budgets == {"max_tool_calls": 2} and run.agent == "" and run.tool_calls == 2
+    assert Detection.objects.filter(run=run, kind="budget").exists()
