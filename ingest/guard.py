@@ -18,7 +18,9 @@ How (`call_check`):
    the ledger. A run_id of another tenant is, for this key, a run not known (the same run_id under
    two tenants is two runs): nothing of the other tenant's run is read or changed.
 2. Bring the run's engine state up to date with `run_process` (the pipeline's own step, under the
-   run's cursor lock): the check does not wait for Celery to have seen the run's events.
+   run's cursor lock) when the run holds events its cursor has not reached: the check does not
+   wait for Celery to have seen them. Thresholds and tools as the pipeline resolves them
+   (`config_for`), cached CONFIG_TTL_S per process.
 3. Sticky ends: a run waiting for a person answers `handoff`, a finished or terminated run
    `terminate`.
 4. Feed the proposed call as a `tool_call` event to the request's own copy of the state (read from
@@ -34,21 +36,23 @@ How (`call_check`):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import orjson
+from django.db import connection
 from django.db.models import F, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from ingest.detection import ACTIONS, Engine, RunState
+from ingest.detection import ACTIONS, Config, Engine, RunState
 from ingest.detection.engine import failed_result, result_digest_of
 from ingest.detection.policy import CORRECT, HANDOFF, TERMINATE
 from ingest.ledger import DEFAULT_LEASE_S, operation_claim, operation_key_for
 from ingest.models import Detection, Run, Tenant, ToolCall
-from ingest.selectors import config_for, detection_config
+from ingest.selectors import config_for
 from ingest.services import run_process
 
 # A result older than this is not given back as unchanged: the world may have moved meanwhile.
@@ -61,6 +65,10 @@ TRIED_CALLS = 10
 TEXT_KINDS = ("clarification", "monologue", "empty_responses")
 # Result-time detections that concern the next call whatever its tool.
 RUN_WIDE_KINDS = ("no_progress",)
+# Thresholds and tools are read once per scope and process for this long: a change made in the
+# admin reaches the guard within CONFIG_TTL_S (the pipeline reads them for every batch it processes).
+CONFIG_TTL_S = 5.0
+CONFIG_CACHE_SIZE = 1024  # scopes (tenant, backend, model, task type); past it the cache starts over
 FINISHED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.TRUNCATED, Run.Status.ABANDONED)
 CHECK_CALL_ID = "loopwatch-guard-check"
 
@@ -136,25 +144,23 @@ def call_check(
     Raises RunNotKnown (require_run and no such run) and CallRefused, both before any change.
     """
     now = timezone.now()
-    run_pk = Run.objects.filter(tenant=tenant, run_id=run_id).values_list("pk", flat=True).first()
-    if run_pk is None:
+    run = _run_view(tenant.pk, run_id)
+    if run is None:
         if require_run:
             raise RunNotKnown(run_id)
-        kind = (
-            call.kind
-            or config_for(tenant_id=tenant.pk, backend="unknown", model="", task_type="default")
-            .tool(call.tool)
-            .kind
-        )
+        kind = call.kind or _config(tenant.pk, "unknown", "", "default").tool(call.tool).kind
         answer = GuardAnswer("allow", run_known=False, kind=kind or "other")
         _write_ready(call, answer.kind, may_claim)
         if answer.kind == "write":
             _ledger_decide(answer, tenant=tenant, run_id=run_id, call=call)
         return answer
 
-    run_process(run_pk=run_pk)
-    run = Run.objects.select_related("cursor").get(pk=run_pk)
-    engine = Engine(detection_config(run=run))
+    if run.position < run.events_count:
+        # Events the pipeline has not seen yet: process them now, under the run's lock, as the
+        # Celery task would (it later finds nothing left to do). A run caught up is read as is.
+        run_process(run_pk=run.pk)
+        run = _run_view(tenant.pk, run_id) or run
+    engine = Engine(_config(run.tenant_id, run.backend, run.model, run.task_type))
     kind = call.kind or engine.config.tool(call.tool).kind or "other"
     _write_ready(call, kind, may_claim)
     state = _state(run)
@@ -225,6 +231,27 @@ def call_check(
     return answer
 
 
+_configs: dict[tuple[int, str, str, str], tuple[float, Config]] = {}
+
+
+def _config(tenant_id: int, backend: str, model: str, task_type: str) -> Config:
+    """detection_config's answer, kept CONFIG_TTL_S per process: two queries less per check."""
+    scope = (tenant_id, backend, model, task_type)
+    now = time.monotonic()
+    cached = _configs.get(scope)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    if len(_configs) >= CONFIG_CACHE_SIZE:
+        _configs.clear()
+    config = config_for(tenant_id=tenant_id, backend=backend, model=model, task_type=task_type)
+    _configs[scope] = (now + CONFIG_TTL_S, config)
+    return config
+
+
+def config_cache_clear() -> None:
+    _configs.clear()
+
+
 def _write_ready(call: ProposedCall, kind: str, may_claim: bool) -> None:
     if kind != "write":
         return
@@ -244,17 +271,66 @@ def _write_ready(call: ProposedCall, kind: str, may_claim: bool) -> None:
         )
 
 
-def _state(run: Run) -> RunState:
-    cursor = getattr(run, "cursor", None)
-    if cursor is not None and cursor.engine_state:
+@dataclass
+class _RunView:
+    """What a check reads of a run and its cursor, in one query."""
+
+    pk: int
+    tenant_id: int
+    backend: str
+    model: str
+    task_type: str
+    status: str
+    terminated_by: str
+    budget_type: str
+    reason: str
+    rounds: int
+    tool_calls: int
+    tool_errors: int
+    cost_usd: float
+    last_progress_step: int
+    events_count: int
+    handoff: dict[str, Any] | None
+    position: int
+    engine_state: dict[str, Any] | None
+
+
+# By hand rather than through the ORM: the engine state is the biggest value a check reads, and
+# orjson decodes it several times faster than the JSONField's json.loads.
+_RUN_VIEW_SQL = f"""
+SELECT r.id, r.tenant_id, r.backend, r.model, r.task_type, r.status, r.terminated_by, r.budget_type,
+       r.reason, r.rounds, r.tool_calls, r.tool_errors, r.cost_usd, r.last_progress_step, r.events_count,
+       r.handoff, COALESCE(c.position, 0), c.engine_state
+FROM {Run._meta.db_table} r LEFT JOIN {Run._meta.get_field("cursor").related_model._meta.db_table} c
+  ON c.run_id = r.id
+WHERE r.tenant_id = %s AND r.run_id = %s
+"""
+
+
+def _json(value: Any) -> Any:
+    return orjson.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _run_view(tenant_id: int, run_id: str) -> _RunView | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_RUN_VIEW_SQL, [tenant_id, run_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    *head, handoff, position, engine_state = row
+    return _RunView(*head, handoff=_json(handoff), position=position, engine_state=_json(engine_state))
+
+
+def _state(run: _RunView) -> RunState:
+    if run.engine_state:
         try:
-            return RunState.from_dict(cursor.engine_state)
+            return RunState.from_dict(run.engine_state)
         except (TypeError, ValueError, KeyError):
             pass  # run_process logs it and starts afresh; so does the check
     return RunState()
 
 
-def _pending_interventions(run: Run, tool: str) -> list[dict[str, Any]]:
+def _pending_interventions(run: _RunView, tool: str) -> list[dict[str, Any]]:
     """Interventions stored after the run's last tool_call that concern a call of `tool`."""
     last_call = ToolCall.objects.filter(run_id=run.pk).order_by("-seq").values("seq")[:1]
     rows = (
@@ -299,7 +375,7 @@ def _diagnosis(detection: dict[str, Any], state: RunState) -> dict[str, Any]:
     }
 
 
-def _terminated(answer: GuardAnswer, run: Run, state: RunState) -> GuardAnswer:
+def _terminated(answer: GuardAnswer, run: _RunView, state: RunState) -> GuardAnswer:
     answer.decision = "terminate"
     stored = (
         Detection.objects.filter(run_id=run.pk, action=Detection.Action.TERMINATE).order_by("seq").first()
@@ -320,7 +396,7 @@ def _terminated(answer: GuardAnswer, run: Run, state: RunState) -> GuardAnswer:
 
 
 def _handoff_mark(
-    run: Run, detection: dict[str, Any], call: ProposedCall, kind: str, now: datetime
+    run: _RunView, detection: dict[str, Any], call: ProposedCall, kind: str, now: datetime
 ) -> dict[str, Any]:
     """Mark the run WAITING for a person, with what happened and what was tried."""
     tried = [
@@ -361,8 +437,18 @@ def _handoff_mark(
     return summary
 
 
+_CALLS_SQL = f"""
+SELECT seq, tool, kind, args, result_seq IS NOT NULL, result_status, result_truncated, error_class,
+       call_id, result, result_sha256, result_ts
+FROM {ToolCall._meta.db_table}
+WHERE run_id = %s AND (tool = %s OR kind = 'write')
+ORDER BY seq DESC
+LIMIT %s
+"""
+
+
 def _reusable(
-    run: Run, engine: Engine, call: ProposedCall, identity: tuple[str, str], now: datetime
+    run: _RunView, engine: Engine, call: ProposedCall, identity: tuple[str, str], now: datetime
 ) -> dict[str, Any] | None:
     """The result to give back instead of calling again, or None.
 
@@ -371,39 +457,28 @@ def _reusable(
     since the earlier of them, neither result was cut short (the whole result is needed to give it
     back), and the latest is at most REUSE_MAX_AGE_S old.
     """
-    rows = (
-        ToolCall.objects.filter(run_id=run.pk)
-        .filter(Q(tool=call.tool) | Q(kind=ToolCall.Kind.WRITE))
-        .order_by("-seq")
-        .values(
-            "seq",
-            "call_id",
-            "tool",
-            "kind",
-            "args",
-            "result_seq",
-            "result_status",
-            "result",
-            "result_truncated",
-            "result_sha256",
-            "error_class",
-            "result_ts",
-        )[:REUSE_WINDOW]
-    )
-    same: list[dict[str, Any]] = []
+    with connection.cursor() as cursor:
+        cursor.execute(_CALLS_SQL, [run.pk, call.tool, REUSE_WINDOW])
+        rows = cursor.fetchall()
+    same: list[tuple] = []
     for row in rows:
-        if row["kind"] == ToolCall.Kind.WRITE:
+        tool, kind, args, answered, status, truncated, error_class = row[1:8]
+        if kind == ToolCall.Kind.WRITE:
             return None
-        if row["result_seq"] is None or engine.identity(row["tool"], row["args"]) != identity:
+        if not answered or engine.identity(tool, _json(args)) != identity:
             continue
-        if row["result_truncated"] or failed_result(row["result_status"], row["error_class"]):
+        if truncated or failed_result(status, error_class):
             return None
         same.append(row)
         if len(same) == 2:
             break
     if len(same) < 2:
         return None
-    latest, earlier = same
+    # Results stay JSON text until needed (jsonb arrives as text): only these two are decoded.
+    latest, earlier = (
+        {"seq": r[0], "call_id": r[8], "result": _json(r[9]), "result_sha256": r[10], "result_ts": r[11]}
+        for r in same
+    )
     if result_digest_of(latest) != result_digest_of(earlier):
         return None
     if latest["result_ts"] is None or (now - latest["result_ts"]).total_seconds() > REUSE_MAX_AGE_S:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from ingest.guard import config_cache_clear
 from ingest.models import Detection, Operation, Run, RunCursor
 from ingest.services import events_ingest, run_process
 from tests.ingest.events import model_round, run_finished, run_started, tool_call, tool_result, ts
@@ -14,6 +15,12 @@ pytestmark = pytest.mark.django_db
 
 def check_url(run_id: str = "r1") -> str:
     return f"/api/v1/runs/{run_id}/check"
+
+
+@pytest.fixture(autouse=True)
+def fresh_config():
+    """The guard keeps thresholds and tools a few seconds per process: each test reads its own."""
+    config_cache_clear()
 
 
 @pytest.fixture
