@@ -531,3 +531,27 @@ def _ledger_decide(answer: GuardAnswer, *, tenant: Tenant, run_id: str, call: Pr
     answer.decision, answer.ledger = claim.decision, ledger
     if claim.decision == "conflict" and not answer.hint:
         answer.hint = ledger["detail"]
+
+
+def run_handoff_resolve(*, run: Run, resume: bool, by: str, note: str = "") -> bool:
+    """A person's answer to a handoff. resume: the run goes on (checks decide again; the engine's
+    counts carry on, so the same loop soon asks again). Otherwise it is stopped: status abandoned,
+    terminated_by user, and every check answers terminate. The answer is kept in Run.handoff.
+
+    False when the run was not waiting (already answered, or finished meanwhile).
+    """
+    answered = {
+        **(run.handoff or {}),
+        "resolved": {"at": timezone.now().isoformat(), "by": by, "resume": resume, "note": note},
+    }
+    changes: dict[str, Any] = {"handoff": answered}
+    if resume:
+        changes["status"] = Run.Status.RUNNING
+    else:
+        changes.update(
+            status=Run.Status.ABANDONED,
+            terminated_by="user",
+            reason=note or f"stopped by {by}",
+            finished_at=timezone.now(),
+        )
+    return bool(Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(**changes))

@@ -422,3 +422,37 @@ def test_what_the_check_says_is_what_the_pipeline_records_for_the_same_calls(che
     ]
     assert Run.objects.get(pk=run.pk).status == Run.Status.WAITING
     assert "correct" in decisions and decisions[-1] in ("handoff", "terminate")
+
+
+def _handed_off(check, store) -> None:
+    bad = {"status": "error", "error_class": "not_found", "result": "no order o9"}
+    store([run_started(), *[e for n in range(1, 5) for e in ran(n, args={"id": "o9"}, **bad)]])
+    assert check(call(5, args={"id": "o9"}))["decision"] == "handoff"
+    store([tool_call(call_id="c5", n=5, args={"id": "o9"}, guard="handoff")])  # as the client traces it
+
+
+def test_a_person_lets_a_waiting_run_go_on_and_the_escalation_carries_on(check, store, tenant):
+    from ingest.guard import run_handoff_resolve
+
+    _handed_off(check, store)
+    run = Run.objects.get(tenant=tenant)
+    assert run_handoff_resolve(run=run, resume=True, by="ann", note="the order exists now") is True
+    assert run_handoff_resolve(run=run, resume=True, by="bob") is False  # answered already
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING and run.handoff["resolved"]["by"] == "ann"
+    assert check(call(6, tool="get_order", args={"id": "o1"}))["decision"] == "allow"
+    bad = {"status": "error", "error_class": "not_found", "result": "no order o9"}
+    store([*ran(6, args={"id": "o9"}, **bad), *ran(7, args={"id": "o9"}, **bad)])  # a 5th and 6th failure
+    answer = check(call(8, tool="get_order", args={"id": "o1"}))
+    assert answer["decision"] == "terminate" and answer["diagnosis"]["kind"] == "repeated_error"
+
+
+def test_a_person_stops_a_waiting_run(check, store, tenant):
+    from ingest.guard import run_handoff_resolve
+
+    _handed_off(check, store)
+    assert run_handoff_resolve(run=Run.objects.get(tenant=tenant), resume=False, by="ann") is True
+    run = Run.objects.get(tenant=tenant)
+    assert (run.status, run.terminated_by, run.reason) == ("abandoned", "user", "stopped by ann")
+    answer = check(call(6, tool="get_order", args={"id": "o1"}))
+    assert answer["decision"] == "terminate" and answer["diagnosis"]["terminated_by"] == "user"
