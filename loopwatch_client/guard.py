@@ -170,7 +170,8 @@ class Guard:
     @property
     def stats(self) -> dict[str, int]:
         """Checks made, decisions by name (write: decided by the ledger), unavailable (a read run
-        unchecked because loopwatch did not answer), unguarded (a call outside any run)."""
+        unchecked: loopwatch did not answer, or the check could not be sent), unguarded (a call
+        outside any run)."""
         return dict(self._stats)
 
     # --- runs -------------------------------------------------------------------------------------
@@ -238,7 +239,10 @@ class Guard:
             body.update(
                 operation_key=operation_key, worker_id=self.ledger.worker_id, lease_s=lease_s or self.lease_s
             )
-        data = json.dumps(body, default=str, allow_nan=False).encode()
+        try:
+            data = json.dumps(body, default=str, allow_nan=False).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise LoopwatchError(f"check {tool}: the arguments are not JSON: {exc}") from exc
         self._stats["checks"] += 1
         try:
             status, answer = self._transport.request(

@@ -102,12 +102,15 @@ class Tracer:
 
     def emit(self, event: dict[str, Any]) -> bool:
         """Queue one trace event (stamped with event_id and ts when missing). False when dropped."""
+        if not isinstance(event, dict):
+            self._drop(1, f"event not a dict: {type(event).__name__}")
+            return False
         event = dict(event)
         event.setdefault("event_id", f"{self._id_prefix}-{next(self._ids)}")
         event.setdefault("ts", now_ts())
         try:
             data = json.dumps(event, default=str, allow_nan=False, separators=(",", ":")).encode()
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             self._drop(1, f"event not JSON: {exc}")
             return False
         with self._lock:

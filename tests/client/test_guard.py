@@ -209,3 +209,13 @@ def test_a_tool_called_outside_a_run_just_runs(guard, tools):
     ran, search_orders, *_ = tools
     assert search_orders("7")["orders"][0]["customer"] == "7"
     assert ran == {"search_orders": 1} and guard.stats["unguarded"] == 1 and guard.stats["checks"] == 0
+
+
+def test_arguments_that_are_not_json_run_unchecked_for_a_read(guard):
+    @guard.tool(kind="read")
+    def measure(x: float) -> float:
+        return x
+
+    with guard.run("r1"):
+        assert measure(float("nan")) != measure(float("nan"))  # nan: ran, unchecked
+    assert guard.stats["unavailable"] == 2 and guard.stats["checks"] == 0

@@ -105,3 +105,14 @@ def test_an_unknown_key_drops_the_batch_and_says_why(live_server):
     assert tracer.flush(timeout=10)
     assert tracer.stats["dropped"] == 1 and "HTTP 401" in tracer.stats["last_error"]
     tracer.close()
+
+
+def test_events_that_are_not_json_are_dropped_not_raised(down_url):
+    tracer = Tracer(down_url, "lw_x", flush_interval=60)
+    assert tracer.emit({"type": "user_message", "run_id": "r1", "text": float("nan")}) is False
+    assert tracer.emit(None) is False  # type: ignore[arg-type]
+    circular: dict = {}
+    circular["self"] = circular
+    assert tracer.emit({"type": "user_message", "run_id": "r1", "text": circular}) is False
+    assert tracer.stats["dropped"] == 3 and tracer.stats["emitted"] == 0
+    tracer.close(timeout=0.1)
