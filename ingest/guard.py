@@ -7,7 +7,7 @@ A runtime asks about the call its model just proposed; the answer is one of
   do not call the tool again;
 - `correct`: do not run it, give the model this hint instead;
 - `handoff`: ask a person; the run is marked WAITING with a summary of what was tried, and every
-  check answers `handoff` until a person lets the run go on (its status back to running);
+  check answers `handoff` until a person answers (`run_handoff_resolve`: resume or stop);
 - `terminate`: stop the run, with the structured diagnosis; every later check answers the same;
 - for a write that none of the above stops: the ledger's decision (`operation_claim`): execute,
   reuse, wait, reconcile, failed, compensated or conflict.
@@ -31,7 +31,8 @@ How (`call_check`):
 5. Interventions the pipeline stored after the run's last tool_call, from detectors that fire on a
    result (a repeated error, perturbation, a poll over budget, no progress), concern the next call:
    those of the same tool, and no progress whatever the tool. A correction is thus given once.
-6. The strongest action decides; a write that is not stopped goes to the ledger.
+6. The strongest action decides (reuse wins over correct, handoff and terminate over both); a
+   write that handoff or terminate does not stop goes to the ledger.
 """
 
 from __future__ import annotations
