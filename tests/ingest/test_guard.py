@@ -262,6 +262,23 @@ def test_a_write_that_timed_out_is_reconciled_not_executed(check, api, key):
     assert answer["decision"] == "reconcile" and answer["ledger"]["status"] == "UNKNOWN"
 
 
+def test_a_write_that_failed_for_good_is_not_executed_again(check, api, key):
+    check(write())
+    api.post(
+        "/api/v1/operations/order-42:refund/complete",
+        {
+            "worker_id": "w1",
+            "outcome": "failed",
+            "error_class": "invalid_argument",
+            "result": "no such order",
+        },
+        key,
+    )
+    answer = check(write(worker_id="w2"))
+    assert answer["decision"] == "failed"
+    assert answer["ledger"]["error"]["error_class"] == "invalid_argument"
+
+
 def test_a_write_with_other_arguments_is_a_conflict(check):
     check(write())
     answer = check(write(args={"order": "42", "amount": 99}))
