@@ -6,6 +6,7 @@ validating graph objects cost more CPU than the page's queries.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -296,8 +297,10 @@ def long_tail_chart(hist: dict[str, dict[int, int]], *, metric_label: str, selec
     labels = [bin_label(lo, hi) for lo, hi in bins]
     data = []
     marks: dict[str, tuple[list, list]] = {}
+    highest = 1
     for task in tasks:
         counts = [sum(n for value, n in hist[task].items() if lo <= value <= hi) for lo, hi in bins]
+        highest = max(highest, *counts)
         data.append(
             {
                 "type": "bar",
@@ -328,7 +331,14 @@ def long_tail_chart(hist: dict[str, dict[int, int]], *, metric_label: str, selec
         showlegend=False,
         margin={"l": 60, "r": 20, "t": 60, "b": 50},
         xaxis={"type": "category", "title": {"text": f"{metric_label} per run"}, "categoryarray": labels},
-        yaxis={"type": "log", "title": {"text": "runs (log)"}},
+        # From half a run: on a log axis a bar starts at the bottom of the range, so a bin of one run
+        # would otherwise be a sliver (log 1 = 0). Ranges of log axes are in powers of ten.
+        yaxis={
+            "type": "log",
+            "title": {"text": "runs (log)"},
+            "range": [math.log10(0.5), math.log10(highest * 2)],
+            "dtick": 1 if highest >= 10 else "D2",
+        },
         shapes=marks[selected][0],
         annotations=marks[selected][1],
         updatemenus=[

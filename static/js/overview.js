@@ -5,17 +5,26 @@
   var tailUrl = script ? script.dataset.tailUrl : "/overview/tail/";
   var config = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
-  document.querySelectorAll("[data-figure]").forEach(function (el) {
+  // One chart per task, top of the page first: the page is usable before the last chart is drawn.
+  var charts = Array.prototype.slice.call(document.querySelectorAll("[data-figure]"));
+  function drawNext() {
+    var el = charts.shift();
+    if (!el) return;
     var source = document.getElementById(el.dataset.figure);
-    if (!source || !window.Plotly) return;
-    var figure = JSON.parse(source.textContent);
-    window.Plotly.newPlot(el, figure.data, figure.layout, config);
-  });
+    if (source && window.Plotly) {
+      var figure = JSON.parse(source.textContent);
+      window.Plotly.newPlot(el, figure.data, figure.layout, config).then(function () {
+        if (el.id === "chart-tail") listenToTail(el);
+      });
+    }
+    setTimeout(drawNext, 0);
+  }
+  setTimeout(drawNext, 0);
 
   // A bar of the long tail lists its runs under the chart (the same list the page renders for a link).
-  var tail = document.getElementById("chart-tail");
   var target = document.getElementById("tail-runs");
-  if (tail && target && tail.on) {
+  function listenToTail(tail) {
+    if (!target) return;
     tail.on("plotly_click", function (event) {
       var point = event.points && event.points[0];
       if (!point || !point.customdata) return;
