@@ -133,6 +133,8 @@ class Item:
     args_missing: bool = False
     args_text: str = ""
     result_text: str = ""
+    args_pretty: str = ""
+    result_pretty: str = ""
     new_round: bool = False
     anchors: list[int] = field(default_factory=list)
 
@@ -182,8 +184,11 @@ def run_timeline(*, run: Run, config: Config, start: int = 1, size: int = TIMELI
         item = Item(seq=c.seq, round=c.round, type="tool_call", obj=c)
         item.signature = call_signature(config, c.tool, c.args)
         item.args_missing = c.seq in uncaptured
-        item.args_text = _pretty(c.args)
-        item.result_text = _pretty(c.result) if c.result_seq is not None else ""
+        item.args_text = _compact(c.args)
+        item.result_text = _compact(c.result) if c.result_seq is not None else ""
+        # Long values are folded; unfolded, they read better indented.
+        item.args_pretty = _pretty(c.args) if len(item.args_text) > LONG_VALUE_CHARS else ""
+        item.result_pretty = _pretty(c.result) if len(item.result_text) > LONG_VALUE_CHARS else ""
         by_seq[c.seq] = item
         if c.result_seq is not None:
             by_seq.setdefault(c.result_seq, item)
@@ -229,6 +234,12 @@ def run_timeline(*, run: Run, config: Config, start: int = 1, size: int = TIMELI
         next=end + 1 if end < total else None,
         page_size=size,
     )
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _pretty(value: Any) -> str:

@@ -140,7 +140,7 @@ def test_the_detail_shows_figures_timeline_signatures_and_where_detection_fired(
     # each round, the model's text, each call's arguments and result
     for n in (1, 2, 3):
         assert f"<h3>Round {n}</h3>" in page and f"Let me look up the orders (try {n})." in page
-    assert escape('"request_id": "req-2"') in page and escape('"orders": []') in page
+    assert escape('"request_id":"req-2"') in page and escape('{"orders":[]}') in page
     # the normalised signature (request ids are noise) is the one detection compared
     assert page.count(f"<code>{correction.signature}</code>") == 3 and "\u00d73 on this page" in page
     # the correction sits beside the result that made it fire, with its hint
