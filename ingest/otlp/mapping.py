@@ -295,6 +295,8 @@ def span_role(span: SpanIn) -> str | None:
     """tool, llm, agent or None (a span loopwatch has no use for: HTTP, database, embeddings…)."""
     attrs = span.attrs
     operation = attrs.get(OPERATION)
+    if not isinstance(operation, str):
+        operation = None  # a list or a number here is no operation name (and cannot be hashed)
     if operation in TOOL_OPERATIONS:
         return TOOL
     if operation in LLM_OPERATIONS:
@@ -411,9 +413,21 @@ def _json_or_text(value: Any) -> Any:
         text = value.strip()
         if text[:1] in ("{", "[", '"') or text in ("true", "false", "null"):
             try:
-                return orjson.loads(text)
+                parsed = orjson.loads(text)
             except orjson.JSONDecodeError:
                 return value
+            # An escaped NUL (\u0000) decodes to the character jsonb cannot store.
+            return _clean_json(parsed) if "\\u0000" in text else parsed
+    return value
+
+
+def _clean_json(value: Any) -> Any:
+    if isinstance(value, str):
+        return _clean(value)
+    if isinstance(value, list):
+        return [_clean_json(item) for item in value]
+    if isinstance(value, dict):
+        return {_clean(key): _clean_json(item) for key, item in value.items()}
     return value
 
 
@@ -536,7 +550,7 @@ def _llm_text(span: SpanIn) -> str | None:
             part.get("content")
             for message in messages
             if isinstance(message, dict)
-            for part in message.get("parts") or []
+            for part in (message.get("parts") if isinstance(message.get("parts"), list) else [])
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("content"), str)
         ]
         if parts:

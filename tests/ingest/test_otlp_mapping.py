@@ -10,7 +10,11 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from ingest.otlp import mapping
 from ingest.otlp.mapping import (
     AGENT,
     LLM,
@@ -27,6 +31,7 @@ from ingest.otlp.mapping import (
     ts_text,
 )
 from ingest.otlp.wire import OtlpError, decompress, status_encode
+from ingest.schema import find_nul, validate_event
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -300,3 +305,99 @@ def test_a_failed_model_call_without_usage_is_no_round():
         (1, "02" * 8),
         (2, "03" * 8),
     ]
+
+
+# Every attribute the mapping reads, with values of any shape an exporter can send.
+_KEYS = sorted(
+    {
+        *mapping.TOOL_NAME,
+        *mapping.TOOL_ARGS,
+        *mapping.TOOL_RESULT,
+        *mapping.TOOL_CALL_ID,
+        *mapping.PROVIDER,
+        *mapping.MODEL,
+        *mapping.INPUT_TOKENS,
+        *mapping.OUTPUT_TOKENS,
+        *mapping.AGENT_NAME,
+        *mapping.CONVERSATION_ATTRIBUTES,
+        "gen_ai.operation.name",
+        "openinference.span.kind",
+        "traceloop.span.kind",
+        "traceloop.entity.name",
+        "traceloop.entity.input",
+        "traceloop.entity.output",
+        "llm.request.type",
+        "llm.output_messages.0.message.content",
+        "gen_ai.output.messages",
+        "gen_ai.tool.type",
+        "error.type",
+        "http.response.status_code",
+        *("loopwatch.task_type", "loopwatch.tool.kind", "loopwatch.error_class"),
+        *("loopwatch.operation_key", "loopwatch.step_id"),
+    }
+)
+_SCALARS = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(
+        [
+            "execute_tool",
+            "chat",
+            "invoke_agent",
+            "TOOL",
+            "LLM",
+            "tool",
+            "workflow",
+            "{}",
+            '{"a": "\\u0000"}',
+            '[{"parts": 5}]',
+            '[{"parts": [{"type": "text", "content": 1}]}]',
+            '{"args": 1, "kwargs": 2}',
+            "-1",
+            "12",
+        ]
+    ),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=True),
+    st.booleans(),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@given(
+    spans=st.lists(
+        st.tuples(
+            st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=8),
+            st.integers(0, 2),
+            st.booleans(),
+            st.lists(
+                st.dictionaries(st.sampled_from(["exception.type", "exception.message"]), _VALUES), max_size=2
+            ),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    sources=st.sampled_from(["trace_id", "conversation"]),
+)
+@hsettings(max_examples=150, deadline=None)
+def test_any_attribute_values_give_valid_events_or_a_named_refusal(spans, sources):
+    items = [
+        span(
+            attrs,
+            span_id=f"{i + 1:016x}",
+            parent_id="" if root else "ef" * 8,
+            status_code=code,
+            exceptions=exc,
+        )
+        for i, (attrs, code, root, exc) in enumerate(spans)
+    ]
+    plans = spans_plan(items, run_id_sources(sources))
+    built = events_build(plans, runs={}, tool_kinds={}, max_event_bytes=256 * 1024)
+    for event in built.events:
+        validate_event(event)
+        assert find_nul(event) is None
+    for refusal in built.refused.values():
+        assert refusal.field and refusal.reason
