@@ -45,7 +45,14 @@ def index(request):
     now = timezone.now()
     qs = queue_operations(user=request.user, filters=filters, now=now)
     total = qs.count()
-    rows = [{"op": op, "since": open_since(op)} for op in qs[:QUEUE_LIMIT]]
+    rows = [
+        {
+            "op": op,
+            "since": open_since(op),
+            "args": orjson.dumps(op.args, option=orjson.OPT_SORT_KEYS).decode(),
+        }
+        for op in qs[:QUEUE_LIMIT]
+    ]
     return render(
         request,
         "dashboards/queue/index.html",
@@ -95,7 +102,10 @@ def detail(request, pk: int):
             return redirect("queue:detail", pk=op.pk)
         status = 400
     now = timezone.now()
-    history = list(op.history.order_by("pk"))
+    history = [
+        (t, orjson.dumps(t.evidence, option=orjson.OPT_SORT_KEYS).decode() if t.evidence else "")
+        for t in op.history.order_by("pk")
+    ]
     next_open = (
         queue_operations(user=request.user, filters=QueueFilters(), now=now).exclude(pk=op.pk).first()
         if not operation_is_open(op, now)

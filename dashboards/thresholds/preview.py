@@ -55,6 +55,8 @@ class Preview:
     after_interventions: int = 0
     changes: list[RunChange] = field(default_factory=list)
     feedback_runs: dict[str, int] = field(default_factory=dict)
+    # Of the replayed runs with operators' feedback: (feedback, intervened now, would intervene).
+    verdicts: list[tuple[str, bool, bool]] = field(default_factory=list)
     elapsed_ms: float = 0.0
 
     def count(self, change: str) -> int:
@@ -71,6 +73,14 @@ class Preview:
     @property
     def count_moved(self) -> int:
         return sum(1 for c in self.changes if c.change not in ("gains", "loses"))
+
+    @property
+    def false_alarms_still_firing(self) -> int:
+        return sum(1 for f, _, after in self.verdicts if f == "false_alarm" and after)
+
+    @property
+    def true_loops_still_caught(self) -> int:
+        return sum(1 for f, _, after in self.verdicts if f == "true_loop" and after)
 
     @property
     def false_alarms_fixed(self) -> int:
@@ -97,8 +107,8 @@ def _compare(before: First | None, after: First | None) -> str:
         return "gains"
     if after is None:
         return "loses"
-    if after.at_call != before.at_call:
-        return "earlier" if after.at_call < before.at_call else "later"
+    if (after.at_round, after.at_call) != (before.at_round, before.at_call):
+        return "earlier" if (after.at_round, after.at_call) < (before.at_round, before.at_call) else "later"
     level_before, level_after = ACTIONS.index(before.strongest), ACTIONS.index(after.strongest)
     if level_after != level_before:
         return "stronger" if level_after > level_before else "weaker"
@@ -162,6 +172,8 @@ def preview_replay(
         preview.before_interventions += before is not None
         preview.after_interventions += after is not None
         change = _compare(before, after)
+        if run.pk in feedback:
+            preview.verdicts.append((feedback[run.pk], before is not None, after is not None))
         if change:
             preview.changes.append(RunChange(run, change, before, after, feedback.get(run.pk, "")))
     order = {"loses": 0, "gains": 1, "earlier": 2, "later": 3, "stronger": 4, "weaker": 5}

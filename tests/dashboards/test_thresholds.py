@@ -156,6 +156,7 @@ def test_raising_repeat_tolerance_makes_a_run_lose_its_intervention_and_writes_n
         3,
     )
     assert change.after is None and preview.false_alarms_fixed == 1 and preview.true_loops_lost == 0
+    assert preview.verdicts == [("false_alarm", True, False)] and preview.false_alarms_still_firing == 0
 
 
 def test_lowering_repeat_tolerance_moves_the_first_intervention_earlier(tenant):
