@@ -334,3 +334,38 @@ def test_forms_need_the_csrf_token(tenant):
 
 def test_the_queue_needs_a_login(client):
     assert client.get("/queue/").status_code == 302
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_simultaneous_decisions_apply_once(needs_postgres, tenant):
+    """Two operators (or a double click) at the same moment: the row lock lets one through."""
+    from django.db import connections
+
+    op = _unknown(tenant)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def decide(user: str, to: str) -> None:
+        barrier.wait()
+        try:
+            operation_resolve(operation=op, to=to, user=user, note="n", expected="UNKNOWN")
+            outcomes.append(f"applied by {user}")
+        except AlreadyResolved as exc:
+            outcomes.append(str(exc))
+        finally:
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=decide, args=("ana", "SUCCEEDED")),
+        threading.Thread(target=decide, args=("ben", "COMPENSATED")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    applied = [o for o in outcomes if o.startswith("applied")]
+    refused = [o for o in outcomes if o.startswith("already resolved")]
+    assert len(applied) == 1 and len(refused) == 1, outcomes
+    winner = applied[0].removeprefix("applied by ")
+    assert f"already resolved by {winner} at" in refused[0]
+    assert Operation.objects.get().history.filter(actor="user").count() == 1
