@@ -103,7 +103,13 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+            # A consumer waits for messages with a blocking BZPOPMIN of 5 s: the socket's read timeout
+            # must be longer (redis-py 8 defaults it to 5 s), or every idle WebSocket is torn down.
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                "capacity": 1000,
+                "expiry": 30,
+            },
         }
     }
 else:

@@ -426,3 +426,19 @@ async def test_the_socket_knows_the_user_from_the_session_cookie(tenant):
     await anonymous.connect()
     assert (await anonymous.receive_output(timeout=2))["code"] == 4401
     await asyncio.sleep(0)
+
+
+@socket_db
+@pytest.mark.asyncio
+async def test_an_idle_socket_on_redis_still_gets_the_next_alert(tenant, needs_redis):
+    """The Redis channel layer blocks up to 5 s per read (BZPOPMIN): the client's socket timeout
+    must be longer, or every idle page is torn down and reconnects every 5 s (redis-py 8 made 5 s
+    its default)."""
+    user = await database_sync_to_async(_user)(tenant, "ana")
+    ws = _socket(user)
+    assert (await ws.connect(timeout=10))[0]
+    await asyncio.sleep(7)
+    await database_sync_to_async(_ingest)(tenant, _loop("after-a-quiet-while"))
+    message = await _json(ws)
+    assert message["alert"]["run_id"] == "after-a-quiet-while"
+    await ws.disconnect()
