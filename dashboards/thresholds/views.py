@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -132,14 +132,12 @@ def tenant_index(request, slug: str):
     )
 
 
-def _threshold_preview(tenant, rows, row, form: ThresholdSetForm) -> Preview:
-    data = form.cleaned_data
-    backend, model, task_type = (
-        (row.backend, row.model, row.task_type)
-        if row
-        else (data["backend"], data["model"], data["task_type"])
-    )
-    values = form.values()
+def _threshold_preview(
+    tenant, rows, row, *, scope: tuple[str, str, str], values: dict | None, limit: int
+) -> Preview:
+    """Replay the scope's last runs with the rows as they are and with `row` (or a new row of that
+    scope) holding `values`; `values` None: with `row` removed."""
+    backend, model, task_type = scope
     runs = Run.objects.filter(tenant=tenant)
     if task_type:
         runs = runs.filter(task_type=task_type)
@@ -173,7 +171,7 @@ def _threshold_preview(tenant, rows, row, form: ThresholdSetForm) -> Preview:
 
     return preview_replay(
         runs=runs,
-        limit=data["preview_runs"],
+        limit=limit,
         current=lambda run: resolve("now", run),
         proposed=lambda run: resolve("new", run),
     )
@@ -187,6 +185,7 @@ def threshold_edit(request, slug: str, pk: int | None = None):
     row = get_object_or_404(ThresholdSet, pk=pk, tenant=tenant) if pk is not None else None
     rows = threshold_rows(tenant=tenant)
     preview = None
+    removing = False
     status = 200
     if request.method == "POST":
         _admin_only(role)
@@ -198,7 +197,16 @@ def threshold_edit(request, slug: str, pk: int | None = None):
             )
             return redirect("thresholds:tenant", slug=tenant.slug)
         form = ThresholdSetForm(request.POST, tenant=tenant, row=row)
-        if form.is_valid():
+        if intent == "preview_delete" and row is not None:
+            try:
+                limit = form.fields["preview_runs"].clean(request.POST.get("preview_runs") or PREVIEW_RUNS)
+            except ValidationError:
+                limit = PREVIEW_RUNS  # the form beside it names the bad value
+            preview = _threshold_preview(
+                tenant, rows, row, scope=(row.backend, row.model, row.task_type), values=None, limit=limit
+            )
+            removing = True
+        elif form.is_valid():
             data = form.cleaned_data
             if intent == "save":
                 saved = threshold_set_save(
@@ -217,7 +225,16 @@ def threshold_edit(request, slug: str, pk: int | None = None):
                     {"backend": saved.backend, "model": saved.model, "task_type": saved.task_type}
                 )
                 return redirect(f"{reverse('thresholds:tenant', kwargs={'slug': tenant.slug})}?{query}")
-            preview = _threshold_preview(tenant, rows, row, form)
+            preview = _threshold_preview(
+                tenant,
+                rows,
+                row,
+                scope=(row.backend, row.model, row.task_type)
+                if row
+                else (data["backend"], data["model"], data["task_type"]),
+                values=form.values(),
+                limit=data["preview_runs"],
+            )
         else:
             status = 400
         scope = (row.backend, row.model, row.task_type) if row else _scope(request.POST)
@@ -262,6 +279,7 @@ def threshold_edit(request, slug: str, pk: int | None = None):
             "scope_label": scope_label(backend=scope[0], model=scope[1], task_type=scope[2]),
             "scope_choices": _scope_choices(tenant),
             "preview": preview,
+            "removing": removing,
         },
         status=status,
     )

@@ -378,3 +378,22 @@ def test_a_viewer_sees_the_form_read_only(client, tenant):
     page = client.get(f"/thresholds/{tenant.slug}/sets/{row.pk}/").content.decode()
     assert 'name="max_rounds" value="9"' in page and "disabled" in page
     assert 'id="preview-button"' not in page and "read only" in page
+
+
+def test_previewing_the_removal_of_a_row(tenant):
+    row = ThresholdSet.objects.create(tenant=tenant, backend="openai", values={"repeat_tolerance": 5})
+    _repeating_run(tenant, "back-to-default")
+    client = _client(_member(tenant, "ana"))
+    page = client.post(
+        f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "preview_delete", "preview_runs": "50"}
+    ).content.decode()
+    assert (
+        "without these overrides" in page
+        and 'id="preview-gains">1<' in page
+        and 'id="save-button"' not in page
+    )
+    assert ThresholdSet.objects.filter(pk=row.pk).exists() and not ConfigChange.objects.exists()
+    response = client.post(
+        f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "preview_delete", "preview_runs": "x"}
+    )
+    assert response.status_code == 200 and "Enter a whole number." in response.content.decode()
