@@ -213,51 +213,73 @@ def probe_events(run_id: str) -> bytes:
 
 
 async def probe_loop(args, key: str, cookie: str, load_started: float) -> dict:
+    """Send the probes and time their alerts. The socket reconnects as the page does, from the last
+    alert id it saw (catch-up); a probe whose alert came by catch-up counts with its arrival time."""
     import websockets
 
     arrivals: dict[str, float] = {}
     got = asyncio.Event()
-    other_alerts = 0
-    url = f"ws://{HOST}:{args.port}/ws/alerts"
-    async with websockets.connect(url, additional_headers={"Cookie": cookie}, max_queue=None) as ws:
+    counts = {"other_alerts": 0, "reconnects": 0, "caught_up": 0}
+    last_id = 0
 
-        async def listen() -> None:
-            nonlocal other_alerts
-            async for raw in ws:
-                now = time.perf_counter()
-                message = orjson.loads(raw)
-                if message.get("type") != "alert":
-                    continue
-                run_id = message["alert"]["run_id"]
-                if run_id.startswith("probe-") and run_id not in arrivals:
-                    arrivals[run_id] = now
-                    got.set()
-                else:
-                    other_alerts += 1
+    def note(alert: dict, now: float, *, caught_up: bool) -> None:
+        nonlocal last_id
+        last_id = max(last_id, alert["id"])
+        run_id = alert["run_id"]
+        if run_id.startswith("probe-"):
+            if run_id not in arrivals:
+                arrivals[run_id] = now
+                counts["caught_up"] += caught_up
+                got.set()
+        else:
+            counts["other_alerts"] += 1
 
-        listener = asyncio.ensure_future(listen())
-        conn = http.client.HTTPConnection(HOST, args.port, timeout=30)
-        sent: dict[str, tuple[float, float]] = {}
-        await asyncio.sleep(max(0.0, load_started + args.warm_up - time.time()))
-        stop_at = load_started + args.duration - 1.0
-        n = 0
-        while time.time() < stop_at:
-            run_id = f"probe-{args.seed}-{n}"
-            body = probe_events(run_id)
-            t0 = time.perf_counter()
-            status, _ = await asyncio.to_thread(B._post, conn, body, key)
-            t_ack = time.perf_counter()
-            if status == 200:
-                sent[run_id] = (t0, t_ack)
-            n += 1
-            await asyncio.sleep(max(0.0, args.probe_every - (time.perf_counter() - t0)))
-        deadline = time.perf_counter() + args.timeout
-        while time.perf_counter() < deadline and not set(sent) <= set(arrivals):
-            got.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(got.wait(), timeout=0.5)
-        listener.cancel()
-        conn.close()
+    async def listen() -> None:
+        while True:
+            query = f"?after={last_id}" if last_id else ""
+            url = f"ws://{HOST}:{args.port}/ws/alerts{query}"
+            try:
+                async with websockets.connect(
+                    url, additional_headers={"Cookie": cookie}, max_queue=None
+                ) as ws:
+                    async for raw in ws:
+                        now = time.perf_counter()
+                        message = orjson.loads(raw)
+                        if message.get("type") == "alert":
+                            note(message["alert"], now, caught_up=False)
+                        elif message.get("type") == "catch_up":
+                            for alert in message["alerts"]:
+                                note(alert, now, caught_up=True)
+            except (OSError, websockets.WebSocketException):
+                pass
+            counts["reconnects"] += 1
+            await asyncio.sleep(0.5)
+
+    listener = asyncio.ensure_future(listen())
+    conn = http.client.HTTPConnection(HOST, args.port, timeout=30)
+    sent: dict[str, tuple[float, float]] = {}
+    await asyncio.sleep(max(0.0, load_started + args.warm_up - time.time()))
+    stop_at = load_started + args.duration - 1.0
+    n = 0
+    while time.time() < stop_at:
+        run_id = f"probe-{args.seed}-{n}"
+        body = probe_events(run_id)
+        t0 = time.perf_counter()
+        status, _ = await asyncio.to_thread(B._post, conn, body, key)
+        t_ack = time.perf_counter()
+        if status == 200:
+            sent[run_id] = (t0, t_ack)
+        n += 1
+        await asyncio.sleep(max(0.0, args.probe_every - (time.perf_counter() - t0)))
+    deadline = time.perf_counter() + args.timeout
+    while time.perf_counter() < deadline and not set(sent) <= set(arrivals):
+        got.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(got.wait(), timeout=0.5)
+    listener.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await listener
+    conn.close()
     latencies = [arrivals[r] - t0 for r, (t0, _) in sent.items() if r in arrivals]
     after_ack = [arrivals[r] - t_ack for r, (_, t_ack) in sent.items() if r in arrivals]
     acks = [t_ack - t0 for t0, t_ack in sent.values()]
@@ -267,7 +289,7 @@ async def probe_loop(args, key: str, cookie: str, load_started: float) -> dict:
         "latencies": latencies,
         "after_ack": after_ack,
         "acks": acks,
-        "other_alerts": other_alerts,
+        **counts,
     }
 
 
@@ -460,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
         f"then to the socket p50 {_ms(B.percentile(result['after_ack'], 0.5))} "
         f"p95 {_ms(B.percentile(result['after_ack'], 0.95))}"
     )
-    print(f"  other alerts seen    {result['other_alerts']} (from the background traffic)")
+    print(
+        f"  socket               {result['reconnects']} reconnects, {result['caught_up']} probe alerts "
+        f"came by catch-up; {result['other_alerts']} alerts of the background traffic seen"
+    )
     print(
         f"  detection            {backlog[2] / seconds:,.0f} events/s processed; at the end {backlog[0]} runs, "
         f"{backlog[1]:,} events waiting"
