@@ -29,6 +29,8 @@ from dashboards.queue.services import queue_decide
 from ingest.ledger import AlreadyResolved, TransitionRefused
 
 DECIDERS = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
+# The list reloads itself so that a reconciled write leaves it; never the detail page (a note being typed).
+QUEUE_REFRESH_S = 30
 
 
 def _pretty(value) -> str:
@@ -45,6 +47,7 @@ def index(request):
     now = timezone.now()
     qs = queue_operations(user=request.user, filters=filters, now=now)
     total = qs.count()
+    needs_person = total if filters.needs_person else qs.filter(needs_person=True).count()
     rows = [
         {
             "op": op,
@@ -59,6 +62,8 @@ def index(request):
         {
             "rows": rows,
             "total": total,
+            "needs_person": needs_person,
+            "refresh": QUEUE_REFRESH_S,
             "limit": QUEUE_LIMIT,
             "filters": filters,
             "tools": queue_tools(user=request.user, now=now),

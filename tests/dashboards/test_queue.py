@@ -203,6 +203,7 @@ def test_the_queue_page_lists_open_writes_with_what_is_needed_to_decide(client, 
         reconcile_attempts=2,
         last_reconcile={"verdict": "unknown", "status": 503},
         run=tenant.runs.get(),
+        needs_person=True,
     )
     _unknown(other_tenant, "theirs-key")
     client.force_login(_member(tenant, "ana", "viewer"))
@@ -210,6 +211,7 @@ def test_the_queue_page_lists_open_writes_with_what_is_needed_to_decide(client, 
     assert "k1" in page and "refund" in page and "req-55" in page and "2 attempts" in page and "503" in page
     assert f'href="/runs/{tenant.runs.get().pk}/"' in page
     assert "theirs-key" not in page and 'id="queue-total">1<' in page and 'id="nav-queue-open">1<' in page
+    assert 'id="queue-needs-person">1</span> of them needs a person' in page
 
 
 def test_another_tenants_operation_is_not_found(client, tenant, other_tenant):
