@@ -288,6 +288,7 @@ class Detection(models.Model):
     backend = models.CharField(max_length=100, blank=True, default="")
     model = models.CharField(max_length=200, blank=True, default="")
     task_type = models.CharField(max_length=100, blank=True, default="")
+    agent = models.CharField(max_length=200, blank=True, default="")
     evidence = models.JSONField(default=dict)
     hint = models.TextField(blank=True, default="")
     ts = models.DateTimeField(help_text="ts of the event that made it fire.")
@@ -311,8 +312,18 @@ class Detection(models.Model):
             # The overview counts detections by the time of the event that fired them, from this
             # index alone (an index-only scan: the rows themselves carry evidence and hints).
             models.Index(
-                fields=["tenant", "ts", "backend", "model", "task_type", "kind", "action", "feedback"],
-                name="detection_tenant_ts_figures",
+                fields=[
+                    "tenant",
+                    "ts",
+                    "backend",
+                    "model",
+                    "task_type",
+                    "agent",
+                    "kind",
+                    "action",
+                    "feedback",
+                ],
+                name="detection_tenant_ts_agent",
             ),
         ]
 

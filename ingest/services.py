@@ -749,6 +749,7 @@ def _detect(
                     backend=run.backend,
                     model=run.model,
                     task_type=run.task_type,
+                    agent=run.agent,
                     evidence=found.evidence,
                     hint=found.hint,
                     ts=ts,
@@ -954,6 +955,7 @@ def _ledger_feed(run: Run, new_calls: list[ToolCall], answered: list[ToolCall]) 
                     backend=run.backend,
                     model=run.model,
                     task_type=run.task_type,
+                    agent=run.agent,
                     evidence=evidence,
                     hint=(
                         f"{call.tool} ran again for operation {evidence['operation_key']} "

@@ -151,6 +151,7 @@ def _detection(run, seq: int, kind: str, action: str, feedback: str = "", at: da
         backend=run.backend,
         model=run.model,
         task_type=run.task_type,
+        agent=run.agent,
         feedback=feedback,
         ts=at - timedelta(minutes=30),
     )

@@ -41,6 +41,7 @@ def test_rounds_after_the_first_intervention_are_burned(api, key):
     run = Run.objects.get()
     first = _first_intervention()
     assert (first.seq, first.action) == (9, "correct")
+    assert (first.backend, first.task_type, first.agent) == ("openai", "order_lookup", "shop")  # the run's
     assert run.first_loop_seq == 9
     assert run.cost_after_loop_usd == pytest.approx(2.0)  # rounds 4 and 5, not the 3 before
     assert run.cost_usd == pytest.approx(5.0)
