@@ -38,3 +38,13 @@ class DecisionForm(forms.Form):
                 "external reference: required to mark it succeeded (the downstream's id of the effect).",
             )
         return data
+
+
+def named_errors(form: forms.Form) -> list[str]:
+    """Every error as `field: message` (Django's own messages do not name their field)."""
+    out = []
+    for name, errors in form.errors.items():
+        for error in errors:
+            named = name == "__all__" or error.startswith((f"{name}:", name.replace("_", " ")))
+            out.append(error if named else f"{name}: {error}")
+    return out

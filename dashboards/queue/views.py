@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from dashboards.models import Membership
-from dashboards.queue.forms import ACTIONS, DecisionForm
+from dashboards.queue.forms import ACTIONS, DecisionForm, named_errors
 from dashboards.queue.selectors import (
     QUEUE_LIMIT,
     QueueFilters,
@@ -128,6 +128,7 @@ def detail(request, pk: int):
             "role": role,
             "can_decide": can_decide,
             "form": form,
+            "errors": named_errors(form) if form is not None else [],
             "failed_action": form.data.get("action") if form is not None else "",
             "actions": [(key, label) for key, (label, _) in ACTIONS.items()],
             "history": history,

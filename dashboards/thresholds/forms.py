@@ -60,6 +60,7 @@ LABELS = {
     "max_wall_s": "budget: wall clock (s)",
 }
 ARG_NAME = re.compile(r"^[^\s,]+$")
+MAX_VALUE = 2**31 - 1  # as ingest caps integers: larger is a typo, not a budget
 
 
 def _threshold_field(name: str) -> forms.Field:
@@ -74,8 +75,8 @@ def _threshold_field(name: str) -> forms.Field:
             empty_value=None,
         )
     if isinstance(default, float):
-        return forms.FloatField(label=label, required=False)
-    return forms.IntegerField(label=label, required=False)
+        return forms.FloatField(label=label, required=False, max_value=MAX_VALUE)
+    return forms.IntegerField(label=label, required=False, max_value=MAX_VALUE)
 
 
 class ThresholdSetForm(forms.Form):
@@ -233,3 +234,13 @@ class ToolConfigForm(forms.Form):
             cursor_args=tuple(d["cursor_args"]),
             casefold=d["casefold"],
         )
+
+
+def named_errors(form: forms.Form) -> list[str]:
+    """Every error as `field: message` (Django's own messages do not name their field)."""
+    out = []
+    for name, errors in form.errors.items():
+        for error in errors:
+            named = name == "__all__" or error.startswith((f"{name}:", name.replace("_", " ")))
+            out.append(error if named else f"{name}: {error}")
+    return out

@@ -14,7 +14,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from dashboards.models import Membership
-from dashboards.thresholds.forms import BACKEND_FIELDS, LABELS, TASK_FIELDS, ThresholdSetForm, ToolConfigForm
+from dashboards.thresholds.forms import (
+    BACKEND_FIELDS,
+    LABELS,
+    TASK_FIELDS,
+    ThresholdSetForm,
+    ToolConfigForm,
+    named_errors,
+)
 from dashboards.thresholds.preview import PREVIEW_RUNS, Preview, preview_replay
 from dashboards.thresholds.selectors import (
     DEFAULTS,
@@ -268,6 +275,7 @@ def threshold_edit(request, slug: str, pk: int | None = None):
             "is_admin": role == ADMIN,
             "role": role,
             "form": form,
+            "errors": named_errors(form) if form.is_bound else [],
             "hints": hints,
             "groups": [
                 (title, help_text, [(form[name], hints[name]) for name in names])
@@ -372,6 +380,7 @@ def tool_edit(request, slug: str, pk: int | None = None):
             "is_admin": role == ADMIN,
             "role": role,
             "form": form,
+            "errors": named_errors(form) if form.is_bound else [],
             "shared": shared,
             "reconciler": reconcilers_by_tool(names=[name]).get(name) if name else None,
             "preview": preview,

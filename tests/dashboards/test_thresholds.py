@@ -240,7 +240,11 @@ def test_invalid_values_are_named_per_field(tenant):
     )
     page = response.content.decode()
     assert response.status_code == 400
-    assert "Enter a whole number." in page
+    assert "max_rounds: Enter a whole number." in page
+    page = client.post(
+        f"/thresholds/{tenant.slug}/sets/new/", {"max_tokens": str(2**40), "intent": "preview"}
+    ).content.decode()
+    assert "max_tokens: Ensure this value is less than or equal to 2147483647." in page
     client_page = client.post(
         f"/thresholds/{tenant.slug}/sets/new/",
         {"repeat_tolerance": "1", "similarity": "1.5", "intent": "save"},
@@ -396,4 +400,4 @@ def test_previewing_the_removal_of_a_row(tenant):
     response = client.post(
         f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "preview_delete", "preview_runs": "x"}
     )
-    assert response.status_code == 200 and "Enter a whole number." in response.content.decode()
+    assert response.status_code == 200 and "preview_runs: Enter a whole number." in response.content.decode()
