@@ -33,6 +33,7 @@ class QueueFilters:
     needs_person: bool = False
     tool: str = ""
     tenant: str = ""  # slug
+    q: str = ""  # part of the operation key, the external request id or the run id
 
 
 def queue_operations(*, user, filters: QueueFilters, now: datetime | None = None) -> QuerySet[Operation]:
@@ -45,6 +46,12 @@ def queue_operations(*, user, filters: QueueFilters, now: datetime | None = None
         qs = qs.filter(tool=filters.tool)
     if filters.tenant:
         qs = qs.filter(tenant__slug=filters.tenant)
+    if filters.q:
+        qs = qs.filter(
+            Q(operation_key__icontains=filters.q)
+            | Q(external_request_id__icontains=filters.q)
+            | Q(run__run_id__icontains=filters.q)
+        )
     # Oldest first by the moment nobody knew any more: an expired RUNNING has no unknown_since yet.
     return (
         qs.select_related("tenant", "run")

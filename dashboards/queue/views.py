@@ -43,6 +43,7 @@ def index(request):
         needs_person=request.GET.get("needs_person") == "1",
         tool=request.GET.get("tool", "").strip(),
         tenant=request.GET.get("tenant", "").strip(),
+        q=request.GET.get("q", "").strip()[:200],
     )
     now = timezone.now()
     qs = queue_operations(user=request.user, filters=filters, now=now)

@@ -182,6 +182,9 @@ def test_the_queue_holds_unknown_and_expired_running_of_the_users_tenants_oldest
     keys = [op.operation_key for op in queue_operations(user=user, filters=QueueFilters())]
     assert keys == ["a", expired.operation_key, "b"]
     assert [o.operation_key for o in queue_operations(user=user, filters=QueueFilters(tool="email"))] == ["b"]
+    Operation.objects.filter(pk=second.pk).update(external_request_id="REQ-77")
+    assert [o.operation_key for o in queue_operations(user=user, filters=QueueFilters(q="req-7"))] == ["b"]
+    assert [o.operation_key for o in queue_operations(user=user, filters=QueueFilters(q="k-ex"))] == ["k-exp"]
     Operation.objects.filter(pk=second.pk).update(needs_person=True)
     assert [
         o.operation_key for o in queue_operations(user=user, filters=QueueFilters(needs_person=True))
