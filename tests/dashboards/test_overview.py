@@ -254,3 +254,16 @@ def test_a_member_signs_in_through_the_login_page(client, tenant):
     response = client.post("/accounts/login/", {"username": "cai", "password": "pw", "next": "/"})
     assert response.status_code == 302 and response["Location"] == "/"
     assert "Overview" in client.get("/").content.decode()
+
+
+def test_a_member_of_two_tenants_sees_both_or_the_one_chosen(client, tenant, other_tenant):
+    _run(tenant, "acme-run", backend="openai")
+    _run(other_tenant, "globex-run", backend="anthropic")
+    user = _member(tenant)
+    Membership.objects.create(user=user, tenant=other_tenant)
+    client.force_login(user)
+    both = client.get("/").content.decode()
+    assert "acme-run" in both and "globex-run" in both and 'id="runs-total">2<' in both
+    assert "Tenants: acme, globex." in both and '<select name="tenant">' in both
+    one = client.get("/?tenant=globex").content.decode()
+    assert "globex-run" in one and "acme-run" not in one and "Tenants: globex." in one
