@@ -45,7 +45,10 @@ class Agent:
 
 
 def provider(*exporters: SpanExporter, resource: dict[str, Any] | None = None) -> TracerProvider:
-    tracer_provider = TracerProvider(resource=Resource.create(resource or {"service.name": "shop-agent"}))
+    # No atexit hook per provider: a test's provider is done with when the test is.
+    tracer_provider = TracerProvider(
+        resource=Resource.create(resource or {"service.name": "shop-agent"}), shutdown_on_exit=False
+    )
     for exporter in exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     return tracer_provider
