@@ -316,13 +316,29 @@ def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -
     )
     for op in listed:
         op.age = now - op.unknown_since
+        op.age_text = age_text(op.age)
+    oldest_age = (now - figures["first"]) if figures["first"] else None
     return {
         "open": figures["open"],
         "needs_person": figures["people"],
-        "oldest_age": (now - figures["first"]) if figures["first"] else None,
+        "oldest_age": oldest_age,
+        "oldest_age_text": age_text(oldest_age) if oldest_age is not None else "",
         "ages": ages,
         "oldest": listed,
     }
+
+
+def age_text(age: timedelta) -> str:
+    """An age as an operator reads it: the two largest units (2 d 3 h, 3 h 12 min, 12 min, 40 s)."""
+    seconds = max(int(age.total_seconds()), 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min" if minutes else f"{seconds} s"
 
 
 def latest_runs(*, f: OverviewFilters, limit: int = 10) -> list[Run]:

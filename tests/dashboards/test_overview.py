@@ -199,7 +199,7 @@ def test_the_charts_come_with_their_data_and_our_plotly(client, tenant):
     assert sum(n for n in tail["y"] if n) == 2
     assert figures["fig-cost_success"]["data"][0]["y"] == [8.0]  # $8 spent, one success
     assert 'id="burned-total">$0.50<' in page
-    assert 'id="unknown-open">1<' in page
+    assert 'id="unknown-open">1</b> writes UNKNOWN, oldest for 20 min<' in page
     assert 'id="false-alarm-rate">100.0 %<' in page
     # both runs started in the same step: one of its two finished runs ended by max_rounds
     assert [(t["name"], max(t["y"])) for t in figures["fig-budget_type"]["data"]] == [("max_rounds", 50.0)]
@@ -267,3 +267,29 @@ def test_a_member_of_two_tenants_sees_both_or_the_one_chosen(client, tenant, oth
     assert "Tenants: acme, globex." in both and '<select name="tenant">' in both
     one = client.get("/?tenant=globex").content.decode()
     assert "globex-run" in one and "acme-run" not in one and "Tenants: globex." in one
+
+
+def test_unknown_writes_show_even_without_runs(client, tenant, other_tenant):
+    Operation.objects.create(
+        tenant=tenant,
+        operation_key="k",
+        tool="refund",
+        fingerprint="f",
+        status="UNKNOWN",
+        unknown_since=NOW - timedelta(hours=3, minutes=5),
+    )
+    Operation.objects.create(
+        tenant=other_tenant,
+        operation_key="x",
+        tool="refund",
+        fingerprint="f",
+        status="UNKNOWN",
+        unknown_since=NOW - timedelta(days=2),
+    )
+    client.force_login(_member(tenant))
+    page = client.get("/").content.decode()
+    assert "No traces yet" in page
+    assert (
+        'id="unknown-open">1</b> writes claimed through the ledger API are UNKNOWN, the oldest for 3 h 5 min'
+        in page
+    )
