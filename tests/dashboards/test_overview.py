@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 
 from dashboards.models import Membership
 from dashboards.overview.plotlyjs import plotlyjs_version
@@ -16,6 +17,13 @@ from ingest.services import events_ingest
 from tests.ingest.events import model_round, run_started
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_options():
+    """The filter options are cached per set of tenant pks, which SQLite hands out again after a test."""
+    cache.clear()
+
 
 # tests/ingest/events.py stamps events 2026-11-29T10:MM:SSZ: the overview's "last day" then holds them.
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import pytest
+from django.core.cache import cache
 from django.http import QueryDict
 
 from dashboards.overview import selectors
@@ -15,6 +16,13 @@ from dashboards.overview.filters import FilterOptions, filters_parse
 from ingest.models import Detection, Operation, Run
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_options():
+    """The filter options are cached per set of tenant pks, which SQLite hands out again after a test."""
+    cache.clear()
+
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 FINISHED = {"succeeded", "failed", "truncated", "abandoned"}
