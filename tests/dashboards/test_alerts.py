@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
+import threading
 
 import orjson
 import pytest
@@ -256,6 +258,30 @@ def test_a_verdict_needs_the_csrf_token(loops, tenant):
 socket_db = pytest.mark.django_db(transaction=True)
 
 
+def in_own_loop(test):
+    """Run an async test on an event loop of its own, in a thread of its own: Playwright's sync API
+    (the browser tests) leaves a running loop in the main thread for the rest of the session, and
+    pytest-asyncio cannot start one there then."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        outcome: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                asyncio.run(test(*args, **kwargs))
+            except BaseException as exc:  # re-raised in the test's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+        if outcome:
+            raise outcome[0]
+
+    return run
+
+
 def _socket(user, query: str = "") -> WebsocketCommunicator:
     from channels.routing import URLRouter
 
@@ -269,7 +295,7 @@ async def _json(ws: WebsocketCommunicator, timeout: float = 5) -> dict:
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_the_socket_pushes_a_new_alert_of_the_users_tenants_only(tenant, other_tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user)
@@ -303,7 +329,7 @@ async def test_the_socket_pushes_a_new_alert_of_the_users_tenants_only(tenant, o
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_a_reconnecting_socket_catches_up_from_the_last_id_it_saw(tenant, other_tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     await database_sync_to_async(_ingest)(tenant, _loop("before"))
@@ -327,7 +353,7 @@ async def test_a_reconnecting_socket_catches_up_from_the_last_id_it_saw(tenant, 
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_the_socket_applies_the_pages_filters(tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user, "?after=0&backend=anthropic")
@@ -341,7 +367,7 @@ async def test_the_socket_applies_the_pages_filters(tenant):
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_observations_reach_a_socket_that_asked_for_them(tenant, monkeypatch):
     monkeypatch.setattr(consumers, "OBSERVE_POLL_S", 0.2)
     user = await database_sync_to_async(_user)(tenant, "ana")
@@ -355,7 +381,7 @@ async def test_observations_reach_a_socket_that_asked_for_them(tenant, monkeypat
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_an_anonymous_socket_is_closed_with_4401(tenant):
     await database_sync_to_async(_ingest)(tenant, _loop("secret"))
     ws = _socket(AnonymousUser(), "?after=0")
@@ -366,7 +392,7 @@ async def test_an_anonymous_socket_is_closed_with_4401(tenant):
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_a_bad_after_is_answered_then_closed_with_4400(tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user, "?after=-3")
@@ -377,7 +403,7 @@ async def test_a_bad_after_is_answered_then_closed_with_4400(tenant):
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_a_verdict_reaches_the_other_pages_of_the_tenant(tenant, other_tenant):
     ana = await database_sync_to_async(_user)(tenant, "ana")
     outsider = await database_sync_to_async(_user)(other_tenant, "oz")
@@ -409,7 +435,7 @@ async def test_a_verdict_reaches_the_other_pages_of_the_tenant(tenant, other_ten
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_the_socket_knows_the_user_from_the_session_cookie(tenant):
     """Through the real ASGI application and its AuthMiddlewareStack, as a browser connects."""
     from loopwatch.asgi import application
@@ -429,7 +455,7 @@ async def test_the_socket_knows_the_user_from_the_session_cookie(tenant):
 
 
 @socket_db
-@pytest.mark.asyncio
+@in_own_loop
 async def test_an_idle_socket_on_redis_still_gets_the_next_alert(tenant, needs_redis):
     """The Redis channel layer blocks up to 5 s per read (BZPOPMIN): the client's socket timeout
     must be longer, or every idle page is torn down and reconnects every 5 s (redis-py 8 made 5 s
