@@ -87,3 +87,8 @@ def api(client, django_capture_on_commit_callbacks):
             return client.get(path, params, **headers)
 
     return Api()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Browser tests last: they are the slowest, and the fast tests should fail first."""
+    items.sort(key=lambda item: "tests/browser/" in str(item.fspath).replace("\\", "/"))

@@ -170,8 +170,10 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{report.when}", report)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
+    # Per module, not per session: Playwright's sync API keeps an event loop running in the main
+    # thread while it is started, and async tests elsewhere (Channels' communicator) need none.
     if not Path(CHROMIUM).exists():
         if IN_CI:
             pytest.fail(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)")
