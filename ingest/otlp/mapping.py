@@ -240,52 +240,66 @@ def attributes(key_values: Iterable[Any]) -> dict[str, Any]:
 
 
 def spans_read(request: Any) -> list[SpanIn]:
-    """The spans of an ExportTraceServiceRequest, in request order."""
+    """The spans of an ExportTraceServiceRequest, in request order.
+
+    Each protobuf field is read once: an attribute access on a message costs more than the rest
+    of what is done with the value, and this loop is a third of the mapping's time."""
     spans: list[SpanIn] = []
     for r, resource_spans in enumerate(request.resource_spans):
         resource = attributes(resource_spans.resource.attributes)
         for s, scope_spans in enumerate(resource_spans.scope_spans):
             for i, span in enumerate(scope_spans.spans):
-                path = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
-                exceptions = [
-                    attributes(event.attributes)
-                    for event in span.events
-                    if event.name == "exception" or event.name.endswith(".exception")
-                ]
+                trace_id, span_id, parent_id = span.trace_id, span.span_id, span.parent_span_id
+                start_ns, end_ns = span.start_time_unix_nano, span.end_time_unix_nano
+                status = span.status
+                name = span.name
+                events = span.events
+                exceptions = (
+                    [
+                        attributes(event.attributes)
+                        for event in events
+                        if event.name == "exception" or event.name.endswith(".exception")
+                    ]
+                    if events
+                    else []
+                )
                 item = SpanIn(
-                    path=path,
-                    trace_id=span.trace_id.hex(),
-                    span_id=span.span_id.hex(),
-                    parent_id=span.parent_span_id.hex(),
-                    name=_clean(span.name),
-                    start_ns=span.start_time_unix_nano,
-                    end_ns=span.end_time_unix_nano,
+                    path=f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]",
+                    trace_id=trace_id.hex(),
+                    span_id=span_id.hex(),
+                    parent_id=parent_id.hex(),
+                    name=name.replace("\x00", "\ufffd") if "\x00" in name else name,
+                    start_ns=start_ns,
+                    end_ns=end_ns,
                     attrs=attributes(span.attributes),
                     resource=resource,
-                    status_code=span.status.code,
-                    status_message=_clean(span.status.message),
+                    status_code=status.code,
+                    status_message=_clean(status.message),
                     exceptions=exceptions,
+                    problem=_span_problem(trace_id, span_id, parent_id, start_ns, end_ns),
+                    wire_size=span.ByteSize(),
                 )
-                item.problem = _span_problem(span)
-                item.wire_size = span.ByteSize()
                 spans.append(item)
     return spans
 
 
-def _span_problem(span: Any) -> SpanRefused | None:
-    if len(span.trace_id) != 16 or not any(span.trace_id):
-        return SpanRefused("traceId", f"must be 16 bytes, not all zero (got {len(span.trace_id)} bytes)")
-    if len(span.span_id) != 8 or not any(span.span_id):
-        return SpanRefused("spanId", f"must be 8 bytes, not all zero (got {len(span.span_id)} bytes)")
-    if span.parent_span_id and len(span.parent_span_id) != 8:
-        return SpanRefused("parentSpanId", f"must be 8 bytes or empty (got {len(span.parent_span_id)})")
-    if not span.start_time_unix_nano:
+def _span_problem(trace_id: bytes, span_id: bytes, parent_id: bytes, start_ns: int, end_ns: int):
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
+        return SpanRefused("traceId", f"must be 16 bytes, not all zero (got {len(trace_id)} bytes)")
+    if len(span_id) != 8 or span_id == _ZERO_SPAN:
+        return SpanRefused("spanId", f"must be 8 bytes, not all zero (got {len(span_id)} bytes)")
+    if parent_id and len(parent_id) != 8:
+        return SpanRefused("parentSpanId", f"must be 8 bytes or empty (got {len(parent_id)})")
+    if not start_ns:
         return SpanRefused("startTimeUnixNano", "must be set")
-    if span.end_time_unix_nano < span.start_time_unix_nano:
+    if end_ns < start_ns:
         return SpanRefused("endTimeUnixNano", "must not be before startTimeUnixNano")
-    if span.end_time_unix_nano >= 253402300800 * 10**9:  # year 10000
+    if end_ns >= 253402300800 * 10**9:  # year 10000
         return SpanRefused("endTimeUnixNano", "is past the year 9999")
     return None
+
+
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
 
 
 # --- 2. planning ---------------------------------------------------------------------------------
