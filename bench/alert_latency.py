@@ -417,12 +417,13 @@ def main(argv: list[str] | None = None) -> int:
             "pool": args.pool,
         }
         ctx = mp.get_context("fork")
-        ready = ctx.Barrier(args.load_clients + 1)
         start_at = ctx.Value("d", 0.0)
         out_q = ctx.Queue()
+        n_clients = args.load_clients if args.rate > 0 else 0  # --rate 0: the probes alone
+        ready = ctx.Barrier(n_clients + 1)
         clients = [
             ctx.Process(target=load_client, args=(i, cfg, key, ready, start_at, out_q))
-            for i in range(args.load_clients)
+            for i in range(n_clients)
         ]
         for p in clients:
             p.start()
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in report:
             print(f"background client {report['client']} failed: {report['error']}", file=sys.stderr)
     sent = sum(r["events"] for r in reports)
-    seconds = max(max(r["seconds"] for r in reports), 1e-9)
+    seconds = max([r["seconds"] for r in reports] or [args.duration])
     latencies = result["latencies"]
     p50, p95 = B.percentile(latencies, 0.50), B.percentile(latencies, 0.95)
     ok = bool(latencies) and p95 < TARGET_P95_S and result["lost"] == 0
