@@ -401,3 +401,11 @@ def test_previewing_the_removal_of_a_row(tenant):
         f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "preview_delete", "preview_runs": "x"}
     )
     assert response.status_code == 200 and "preview_runs: Enter a whole number." in response.content.decode()
+
+
+def test_a_user_of_no_tenant_is_told_so(client, tenant):
+    ThresholdSet.objects.create(tenant=tenant, values={"max_rounds": 9})
+    client.force_login(get_user_model().objects.create_user("nobody", password="pw"))
+    page = client.get("/thresholds/").content.decode()
+    assert "not a member of any tenant" in page and "max_rounds" not in page
+    assert client.get(f"/thresholds/{tenant.slug}/").status_code == 404
