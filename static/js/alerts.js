@@ -177,7 +177,11 @@
         headers: { Accept: "application/json", "X-CSRFToken": data.get("csrfmiddlewaretoken") },
         credentials: "same-origin",
       });
-      const answer = await response.json().catch(() => ({ detail: `HTTP ${response.status}` }));
+      if (!(response.headers.get("Content-Type") || "").includes("application/json")) {
+        // A session that ended answers with the login page (after a redirect), not JSON.
+        throw new Error(response.redirected ? "signed out — reload the page to sign in" : `HTTP ${response.status}`);
+      }
+      const answer = await response.json();
       if (!response.ok) throw new Error(answer.detail || `HTTP ${response.status}`);
       renderFeedback(row, answer);
       form.querySelector('input[name="note"]').value = "";
