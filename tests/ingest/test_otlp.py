@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 
 import pytest
 from google.protobuf import json_format
+from google.rpc.status_pb2 import Status
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -191,8 +194,6 @@ def test_the_exporter_is_refused_without_a_valid_key(live_server, tenant, make_k
 
 # --- encodings and the answer -------------------------------------------------------------------
 
-pytestmark_db = pytest.mark.django_db
-
 
 def decode_response(response) -> ExportTraceServiceResponse:
     answer = ExportTraceServiceResponse()
@@ -209,8 +210,6 @@ def test_json_of_the_same_request_stores_the_same_events(api, tenant, key, gzipp
     agent, memory = recorded()
     shop_run(agent)
     spans = memory.get_finished_spans()
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
     body = json_format.MessageToJson(
         encode_spans(spans)
     ).encode()  # ids in base64, as protobuf's JSON has them
@@ -495,8 +494,6 @@ def status_of(response) -> tuple[int, str]:
     if response["Content-Type"] == "application/json":
         body = response.json()
         return body["code"], body["message"]
-    from google.rpc.status_pb2 import Status
-
     status = Status()
     status.ParseFromString(response.content)
     return status.code, status.message
@@ -622,8 +619,6 @@ def test_a_huge_tool_result_is_cut_with_its_digest_and_huge_arguments_refuse_the
     )
     call = ToolCall.objects.get()
     assert call.result_truncated and len(call.result) == 32 * 1024
-    import hashlib
-
     assert call.result_sha256 == hashlib.sha256(json.dumps(page).encode()).hexdigest()
 
 
