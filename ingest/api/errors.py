@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.utils.html import escape
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -55,16 +57,39 @@ def json_error(status_code: int, code: str, detail: str) -> JsonResponse:
     return JsonResponse({"error": code, "detail": detail}, status=status_code)
 
 
+# Machine paths answer JSON; everything else is a page a person opened in a browser.
+API_PREFIXES = ("/api/", "/v1/", "/metrics", "/ws/")
+
+
+def _wants_json(request) -> bool:
+    return request.path.startswith(API_PREFIXES) or "application/json" in request.headers.get("Accept", "")
+
+
+def _page(request, status_code: int, title: str, detail: str, *, plain: bool = False) -> HttpResponse:
+    if plain:  # a server error renders nothing that could fail again (no database, no context)
+        body = f"<!doctype html><title>{title}</title><h1>{title}</h1><p>{escape(detail)}</p>"
+        return HttpResponse(body, status=status_code)
+    return render(request, "error.html", {"title": title, "detail": detail}, status=status_code)
+
+
 def not_found(request, exception=None):
-    return json_error(status.HTTP_404_NOT_FOUND, "not_found", f"{request.path}: no such resource")
+    if _wants_json(request):
+        return json_error(status.HTTP_404_NOT_FOUND, "not_found", f"{request.path}: no such resource")
+    return _page(request, 404, "Not found", f"{request.path}: nothing here, or not in your tenants.")
 
 
 def server_error(request):
-    return json_error(status.HTTP_500_INTERNAL_SERVER_ERROR, "server_error", "internal error; it was logged")
+    if _wants_json(request):
+        return json_error(
+            status.HTTP_500_INTERNAL_SERVER_ERROR, "server_error", "internal error; it was logged"
+        )
+    return _page(request, 500, "Server error", "Something failed on our side; it was logged.", plain=True)
 
 
 def bad_request(request, exception=None):
-    return json_error(status.HTTP_400_BAD_REQUEST, "bad_request", str(exception) or "bad request")
+    if _wants_json(request):
+        return json_error(status.HTTP_400_BAD_REQUEST, "bad_request", str(exception) or "bad request")
+    return _page(request, 400, "Bad request", str(exception) or "bad request")
 
 
 __all__ = ["ApiError", "Response", "bad_request", "exception_handler", "not_found", "server_error"]
