@@ -25,12 +25,10 @@ def add_trace_event_schema(result, generator, request, public):
     if operation is not None:
         operation["requestBody"] = {
             "required": True,
+            "description": "A JSON array of TraceEvents, or one TraceEvent per line (JSON Lines).",
             "content": {
                 "application/json": {"schema": batch},
-                "application/x-ndjson": {
-                    "schema": {"$ref": "#/components/schemas/TraceEvent"},
-                    "description": "One TraceEvent per line (JSON Lines).",
-                },
+                "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/TraceEvent"}},
             },
         }
     return result

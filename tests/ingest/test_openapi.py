@@ -23,3 +23,13 @@ def test_the_openapi_schema_carries_the_trace_event_schema(client):
 def test_an_unknown_api_path_is_a_json_404(client):
     response = client.get("/api/v1/nothing-here")
     assert response.status_code == 404 and response.json()["error"] == "not_found"
+
+
+def test_the_document_is_valid_openapi(tmp_path):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    err = StringIO()
+    call_command("spectacular", "--validate", "--fail-on-warn", file=str(tmp_path / "s.yaml"), stderr=err)
+    assert (tmp_path / "s.yaml").read_text().startswith("openapi: 3.1")
