@@ -227,6 +227,7 @@ def write(n: int = 1, **fields) -> dict:
         "kind": "write",
         "args": {"order": "42", "amount": 10},
         "round": n,
+        "ts": ts(n),  # the events' clock: without it the check is "now", hours after run_started
         "operation_key": "order-42:refund",
         "worker_id": "w1",
         "lease_s": 30,
