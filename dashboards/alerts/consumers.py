@@ -11,7 +11,9 @@ ones. Messages, all JSON:
     {"type": "error", "field": "after", "detail": "..."}    then the socket closes with 4400
 
 The pipeline publishes interventions only; with observe=1 the observations are read from the
-database every OBSERVE_POLL_S seconds. A socket without a signed-in user is closed with 4401.
+database every OBSERVE_POLL_S seconds. A socket without a signed-in user is closed with 4401, and
+so is one whose session ended (sign-out) while it was open; every ACCESS_CHECK_S seconds the
+socket follows the user's memberships (a tenant taken away stops its alerts).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from importlib import import_module
 from urllib.parse import parse_qsl
 
 import orjson
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from dashboards.alerts.selectors import (
     AlertFilterError,
@@ -39,6 +43,7 @@ logger = logging.getLogger(__name__)
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 OBSERVE_POLL_S = 2.0  # observations are not published live; how stale they may be on the page
+ACCESS_CHECK_S = 30.0  # how long a revoked membership or an ended session may still receive alerts
 
 
 class AlertsConsumer(AsyncWebsocketConsumer):
@@ -47,7 +52,8 @@ class AlertsConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.groups_joined = []
-        self._poller: asyncio.Task | None = None
+        self.tenant_ids = []
+        self._tasks: list[asyncio.Task] = []
         # Accept first, then close: a close before the handshake reaches a browser as a bare
         # failure without the code, and the page must tell "signed out" from "server away".
         await self.accept()
@@ -67,9 +73,7 @@ class AlertsConsumer(AsyncWebsocketConsumer):
         # Join before reading the catch-up: an alert published in between comes twice (the page
         # keeps one per id), never not at all.
         for tenant_id in self.tenant_ids:
-            group = alerts_group(tenant_id)
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.append(group)
+            await self._join(tenant_id)
         cursor = after or 0
         if after is not None:
             alerts, more = await database_sync_to_async(alerts_after)(
@@ -78,16 +82,18 @@ class AlertsConsumer(AsyncWebsocketConsumer):
             await self._send({"type": "catch_up", "alerts": alerts, "more": more})
             if alerts:
                 cursor = max(cursor, alerts[-1]["id"])
-        if self.filters.observe and self.tenant_ids:
-            self._poller = asyncio.ensure_future(self._poll_observations(cursor))
+        if self.filters.observe:
+            self._tasks.append(asyncio.ensure_future(self._poll_observations(cursor)))
+        self._tasks.append(asyncio.ensure_future(self._follow_access()))
 
     async def disconnect(self, code: int) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-        for group in self.groups_joined:
+                await task
+        for group in list(self.groups_joined):
             await self.channel_layer.group_discard(group, self.channel_name)
+        self.groups_joined = []
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Pages send nothing but keep-alive pings."""
@@ -98,13 +104,42 @@ class AlertsConsumer(AsyncWebsocketConsumer):
 
     async def alert_detection(self, message: dict) -> None:
         alert = message["alert"]
-        if self.filters.matches(alert):
+        # The groups say the same; this holds between a membership's end and the next check too.
+        if alert.get("tenant_id") in self.tenant_ids and self.filters.matches(alert):
             await self._send({"type": "alert", "alert": alert})
 
     async def alert_feedback(self, message: dict) -> None:
         await self._send({"type": "feedback", "feedback": message["feedback"]})
 
     # --- helpers ------------------------------------------------------------------------------
+
+    async def _join(self, tenant_id: int) -> None:
+        group = alerts_group(tenant_id)
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined.append(group)
+
+    async def _follow_access(self) -> None:
+        """Close when the session ended; leave and join groups as the user's memberships change."""
+        user = self.scope["user"]
+        session = self.scope.get("session")
+        session_key = getattr(session, "session_key", None)
+        while True:
+            await asyncio.sleep(ACCESS_CHECK_S)
+            try:
+                tenant_ids = await database_sync_to_async(_access_now)(user=user, session_key=session_key)
+            except Exception:  # a database hiccup: check again next time
+                logger.exception("checking the alerts socket's access failed")
+                continue
+            if tenant_ids is None:
+                await self.close(code=CLOSE_UNAUTHENTICATED, reason="signed out")
+                return
+            for gone in set(self.tenant_ids) - set(tenant_ids):
+                group = alerts_group(gone)
+                await self.channel_layer.group_discard(group, self.channel_name)
+                self.groups_joined.remove(group)
+            for new in set(tenant_ids) - set(self.tenant_ids):
+                await self._join(new)
+            self.tenant_ids = tenant_ids
 
     async def _poll_observations(self, cursor: int) -> None:
         observations = AlertFilters(
@@ -128,6 +163,18 @@ class AlertsConsumer(AsyncWebsocketConsumer):
 
     async def _send(self, payload: dict) -> None:
         await self.send(text_data=orjson.dumps(payload).decode())
+
+
+def _access_now(*, user, session_key: str | None) -> list[int] | None:
+    """The user's tenant ids now, or None when the session is over or the user was deactivated.
+
+    Without a session (a socket authenticated otherwise, as in tests) only the user is checked."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    if session_key is not None and not store().exists(session_key):
+        return None
+    if not type(user).objects.filter(pk=user.pk, is_active=True).exists():
+        return None
+    return user_tenant_ids(user=user)
 
 
 def _after(raw: str | None) -> int | None:

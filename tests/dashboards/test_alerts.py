@@ -9,11 +9,11 @@ import threading
 
 import orjson
 import pytest
-from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.db import connections
 from django.test import Client
 from django.utils.html import escape
 
@@ -267,9 +267,17 @@ def in_own_loop(test):
     def run(*args, **kwargs):
         outcome: list[BaseException] = []
 
+        async def body() -> None:
+            try:
+                await test(*args, **kwargs)
+            finally:
+                # The database thread of this loop keeps its connection otherwise, and the test
+                # database could not be dropped at the end.
+                await database_sync_to_async(connections.close_all)()
+
         def target() -> None:
             try:
-                asyncio.run(test(*args, **kwargs))
+                asyncio.run(body())
             except BaseException as exc:  # re-raised in the test's thread
                 outcome.append(exc)
 
@@ -299,7 +307,7 @@ async def _json(ws: WebsocketCommunicator, timeout: float = 5) -> dict:
 async def test_the_socket_pushes_a_new_alert_of_the_users_tenants_only(tenant, other_tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user)
-    connected, _ = await ws.connect()
+    connected, _ = await ws.connect(timeout=10)
     assert connected
     await database_sync_to_async(_ingest)(other_tenant, _loop("theirs"))
     await database_sync_to_async(_ingest)(tenant, _loop("mine", agent="shop"))
@@ -338,7 +346,7 @@ async def test_a_reconnecting_socket_catches_up_from_the_last_id_it_saw(tenant, 
     await database_sync_to_async(_ingest)(other_tenant, _loop("theirs"))
     await database_sync_to_async(_ingest)(tenant, _loop("while-away-2"))
     ws = _socket(user, f"?after={seen}")
-    await ws.connect()
+    await ws.connect(timeout=10)
     catch_up = await _json(ws)
     assert catch_up["type"] == "catch_up" and catch_up["more"] is False
     assert [(a["run_id"], a["action"]) for a in catch_up["alerts"]] == [
@@ -357,7 +365,7 @@ async def test_a_reconnecting_socket_catches_up_from_the_last_id_it_saw(tenant, 
 async def test_the_socket_applies_the_pages_filters(tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user, "?after=0&backend=anthropic")
-    await ws.connect()
+    await ws.connect(timeout=10)
     assert (await _json(ws))["alerts"] == []
     await database_sync_to_async(_ingest)(tenant, _loop("on-openai"))
     await database_sync_to_async(_ingest)(tenant, _loop("on-anthropic", backend="anthropic"))
@@ -372,7 +380,7 @@ async def test_observations_reach_a_socket_that_asked_for_them(tenant, monkeypat
     monkeypatch.setattr(consumers, "OBSERVE_POLL_S", 0.2)
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user, "?after=0&observe=1")
-    await ws.connect()
+    await ws.connect(timeout=10)
     assert (await _json(ws))["alerts"] == []
     await database_sync_to_async(_ingest)(tenant, _loop("two", repeats=2))  # an observation only
     message = await _json(ws)
@@ -385,7 +393,7 @@ async def test_observations_reach_a_socket_that_asked_for_them(tenant, monkeypat
 async def test_an_anonymous_socket_is_closed_with_4401(tenant):
     await database_sync_to_async(_ingest)(tenant, _loop("secret"))
     ws = _socket(AnonymousUser(), "?after=0")
-    connected, _ = await ws.connect()
+    connected, _ = await ws.connect(timeout=10)
     assert connected  # accepted, then closed: a browser sees the code only after the handshake
     closed = await ws.receive_output(timeout=2)
     assert closed == {"type": "websocket.close", "code": 4401, "reason": "sign in first"}
@@ -396,7 +404,7 @@ async def test_an_anonymous_socket_is_closed_with_4401(tenant):
 async def test_a_bad_after_is_answered_then_closed_with_4400(tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user, "?after=-3")
-    await ws.connect()
+    await ws.connect(timeout=10)
     error = await _json(ws)
     assert error["type"] == "error" and error["field"] == "after"
     assert (await ws.receive_output(timeout=2))["code"] == 4400
@@ -410,11 +418,11 @@ async def test_a_verdict_reaches_the_other_pages_of_the_tenant(tenant, other_ten
     await database_sync_to_async(_ingest)(tenant, _loop("mine"))
     detection = await database_sync_to_async(Detection.objects.get)(tenant=tenant, action="correct")
     watching, theirs = _socket(ana), _socket(outsider)
-    await watching.connect()
-    await theirs.connect()
+    await watching.connect(timeout=10)
+    await theirs.connect(timeout=10)
     client = Client()
-    await sync_to_async(client.force_login)(ana)
-    response = await sync_to_async(client.post)(
+    await database_sync_to_async(client.force_login)(ana)
+    response = await database_sync_to_async(client.post)(
         _feedback_url(detection), {"verdict": "false_alarm", "note": "a retry"}
     )
     assert response.status_code == 302
@@ -442,14 +450,14 @@ async def test_the_socket_knows_the_user_from_the_session_cookie(tenant):
 
     ana = await database_sync_to_async(_user)(tenant, "ana")
     client = Client()
-    await sync_to_async(client.force_login)(ana)
+    await database_sync_to_async(client.force_login)(ana)
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
     ws = WebsocketCommunicator(application, "/ws/alerts?after=0", headers=[(b"cookie", cookie)])
-    await ws.connect()
+    await ws.connect(timeout=10)
     assert (await _json(ws))["type"] == "catch_up"
     await ws.disconnect()
     anonymous = WebsocketCommunicator(application, "/ws/alerts?after=0")
-    await anonymous.connect()
+    await anonymous.connect(timeout=10)
     assert (await anonymous.receive_output(timeout=2))["code"] == 4401
     await asyncio.sleep(0)
 
@@ -468,3 +476,37 @@ async def test_an_idle_socket_on_redis_still_gets_the_next_alert(tenant, needs_r
     message = await _json(ws)
     assert message["alert"]["run_id"] == "after-a-quiet-while"
     await ws.disconnect()
+
+
+@socket_db
+@in_own_loop
+async def test_a_socket_follows_the_users_memberships(tenant, other_tenant, monkeypatch):
+    monkeypatch.setattr(consumers, "ACCESS_CHECK_S", 0.2)
+    user = await database_sync_to_async(_user)(tenant, "ana")
+    ws = _socket(user)
+    await ws.connect(timeout=10)
+    await database_sync_to_async(Membership.objects.filter(user=user).delete)()
+    await database_sync_to_async(Membership.objects.create)(user=user, tenant=other_tenant)
+    await asyncio.sleep(1)  # a few checks
+    await database_sync_to_async(_ingest)(tenant, _loop("no-longer-mine"))
+    await database_sync_to_async(_ingest)(other_tenant, _loop("now-mine"))
+    assert (await _json(ws))["alert"]["run_id"] == "now-mine"
+    assert await ws.receive_nothing(timeout=0.5)
+    await ws.disconnect()
+
+
+@socket_db
+@in_own_loop
+async def test_a_socket_is_closed_when_its_session_ends(tenant, monkeypatch):
+    from loopwatch.asgi import application
+
+    monkeypatch.setattr(consumers, "ACCESS_CHECK_S", 0.2)
+    ana = await database_sync_to_async(_user)(tenant, "ana")
+    client = Client()
+    await database_sync_to_async(client.force_login)(ana)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    ws = WebsocketCommunicator(application, "/ws/alerts", headers=[(b"cookie", cookie)])
+    assert (await ws.connect(timeout=10))[0]
+    await database_sync_to_async(client.logout)()
+    closed = await ws.receive_output(timeout=5)
+    assert (closed["type"], closed["code"]) == ("websocket.close", 4401)
