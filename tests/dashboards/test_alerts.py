@@ -258,6 +258,9 @@ def test_a_verdict_needs_the_csrf_token(loops, tenant):
 socket_db = pytest.mark.django_db(transaction=True)
 
 
+TEST_TIMEOUT_S = 60  # a hung socket test fails instead of holding up the suite
+
+
 def in_own_loop(test):
     """Run an async test on an event loop of its own, in a thread of its own: Playwright's sync API
     (the browser tests) leaves a running loop in the main thread for the rest of the session, and
@@ -281,9 +284,11 @@ def in_own_loop(test):
             except BaseException as exc:  # re-raised in the test's thread
                 outcome.append(exc)
 
-        thread = threading.Thread(target=target)
+        thread = threading.Thread(target=target, daemon=True)
         thread.start()
-        thread.join()
+        thread.join(timeout=TEST_TIMEOUT_S)
+        if thread.is_alive():
+            raise AssertionError(f"{test.__name__} did not finish in {TEST_TIMEOUT_S} s")
         if outcome:
             raise outcome[0]
 
