@@ -92,3 +92,14 @@ def api(client, django_capture_on_commit_callbacks):
 def pytest_collection_modifyitems(config, items):
     """Browser tests last: they are the slowest, and the fast tests should fail first."""
     items.sort(key=lambda item: "tests/browser/" in str(item.fspath).replace("\\", "/"))
+
+
+@pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """A channel layer of its own per test: channels_redis keeps per-event-loop state (receive
+    locks, buffers, connections), and each async test runs on a new loop."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-import threading
 
 import orjson
 import pytest
@@ -258,41 +257,30 @@ def test_a_verdict_needs_the_csrf_token(loops, tenant):
 socket_db = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def in_memory_layer(request, settings):
+    """Socket tests on the in-memory channel layer, a fresh one each (tests/conftest.py): with
+    channels_redis, a consumer's receive left over from one test's event loop could hang the
+    teardown of a later one. The test that is about Redis keeps Redis."""
+    if "needs_redis" not in request.fixturenames:
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
 TEST_TIMEOUT_S = 60  # a hung socket test fails instead of holding up the suite
 
 
-def in_own_loop(test):
-    """Run an async test on an event loop of its own, in a thread of its own: Playwright's sync API
-    (the browser tests) leaves a running loop in the main thread for the rest of the session, and
-    pytest-asyncio cannot start one there then."""
+def socket_test(test):
+    """An async socket test on pytest-asyncio's loop that fails after TEST_TIMEOUT_S instead of
+    holding up the suite, and closes the database connections its thread opened."""
 
     @functools.wraps(test)
-    def run(*args, **kwargs):
-        outcome: list[BaseException] = []
+    async def run(*args, **kwargs):
+        try:
+            await asyncio.wait_for(test(*args, **kwargs), TEST_TIMEOUT_S)
+        finally:
+            await database_sync_to_async(connections.close_all)()
 
-        async def body() -> None:
-            try:
-                await test(*args, **kwargs)
-            finally:
-                # The database thread of this loop keeps its connection otherwise, and the test
-                # database could not be dropped at the end.
-                await database_sync_to_async(connections.close_all)()
-
-        def target() -> None:
-            try:
-                asyncio.run(body())
-            except BaseException as exc:  # re-raised in the test's thread
-                outcome.append(exc)
-
-        thread = threading.Thread(target=target, daemon=True)
-        thread.start()
-        thread.join(timeout=TEST_TIMEOUT_S)
-        if thread.is_alive():
-            raise AssertionError(f"{test.__name__} did not finish in {TEST_TIMEOUT_S} s")
-        if outcome:
-            raise outcome[0]
-
-    return run
+    return pytest.mark.asyncio(run)
 
 
 def _socket(user, query: str = "") -> WebsocketCommunicator:
@@ -308,7 +296,7 @@ async def _json(ws: WebsocketCommunicator, timeout: float = 5) -> dict:
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_the_socket_pushes_a_new_alert_of_the_users_tenants_only(tenant, other_tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user)
@@ -342,7 +330,7 @@ async def test_the_socket_pushes_a_new_alert_of_the_users_tenants_only(tenant, o
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_a_reconnecting_socket_catches_up_from_the_last_id_it_saw(tenant, other_tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     await database_sync_to_async(_ingest)(tenant, _loop("before"))
@@ -366,7 +354,7 @@ async def test_a_reconnecting_socket_catches_up_from_the_last_id_it_saw(tenant, 
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_the_socket_applies_the_pages_filters(tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user, "?after=0&backend=anthropic")
@@ -380,7 +368,7 @@ async def test_the_socket_applies_the_pages_filters(tenant):
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_observations_reach_a_socket_that_asked_for_them(tenant, monkeypatch):
     monkeypatch.setattr(consumers, "OBSERVE_POLL_S", 0.2)
     user = await database_sync_to_async(_user)(tenant, "ana")
@@ -394,7 +382,7 @@ async def test_observations_reach_a_socket_that_asked_for_them(tenant, monkeypat
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_an_anonymous_socket_is_closed_with_4401(tenant):
     await database_sync_to_async(_ingest)(tenant, _loop("secret"))
     ws = _socket(AnonymousUser(), "?after=0")
@@ -402,10 +390,11 @@ async def test_an_anonymous_socket_is_closed_with_4401(tenant):
     assert connected  # accepted, then closed: a browser sees the code only after the handshake
     closed = await ws.receive_output(timeout=2)
     assert closed == {"type": "websocket.close", "code": 4401, "reason": "sign in first"}
+    await ws.disconnect()  # ends the consumer: a task left running hangs the loop's teardown
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_a_bad_after_is_answered_then_closed_with_4400(tenant):
     user = await database_sync_to_async(_user)(tenant, "ana")
     ws = _socket(user, "?after=-3")
@@ -413,10 +402,11 @@ async def test_a_bad_after_is_answered_then_closed_with_4400(tenant):
     error = await _json(ws)
     assert error["type"] == "error" and error["field"] == "after"
     assert (await ws.receive_output(timeout=2))["code"] == 4400
+    await ws.disconnect()
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_a_verdict_reaches_the_other_pages_of_the_tenant(tenant, other_tenant):
     ana = await database_sync_to_async(_user)(tenant, "ana")
     outsider = await database_sync_to_async(_user)(other_tenant, "oz")
@@ -448,7 +438,7 @@ async def test_a_verdict_reaches_the_other_pages_of_the_tenant(tenant, other_ten
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_the_socket_knows_the_user_from_the_session_cookie(tenant):
     """Through the real ASGI application and its AuthMiddlewareStack, as a browser connects."""
     from loopwatch.asgi import application
@@ -468,7 +458,7 @@ async def test_the_socket_knows_the_user_from_the_session_cookie(tenant):
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_an_idle_socket_on_redis_still_gets_the_next_alert(tenant, needs_redis):
     """The Redis channel layer blocks up to 5 s per read (BZPOPMIN): the client's socket timeout
     must be longer, or every idle page is torn down and reconnects every 5 s (redis-py 8 made 5 s
@@ -484,7 +474,7 @@ async def test_an_idle_socket_on_redis_still_gets_the_next_alert(tenant, needs_r
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_a_socket_follows_the_users_memberships(tenant, other_tenant, monkeypatch):
     monkeypatch.setattr(consumers, "ACCESS_CHECK_S", 0.2)
     user = await database_sync_to_async(_user)(tenant, "ana")
@@ -501,7 +491,7 @@ async def test_a_socket_follows_the_users_memberships(tenant, other_tenant, monk
 
 
 @socket_db
-@in_own_loop
+@socket_test
 async def test_a_socket_is_closed_when_its_session_ends(tenant, monkeypatch):
     from loopwatch.asgi import application
 
@@ -515,3 +505,4 @@ async def test_a_socket_is_closed_when_its_session_ends(tenant, monkeypatch):
     await database_sync_to_async(client.logout)()
     closed = await ws.receive_output(timeout=5)
     assert (closed["type"], closed["code"]) == ("websocket.close", 4401)
+    await ws.disconnect()
