@@ -128,19 +128,49 @@ def test_cost_per_successful_task_charges_the_failures_to_the_successes():
 
 def test_repeat_triggers_are_per_thousand_tool_calls_of_the_backend():
     rows = [
-        {"backend": "openai", "model": "", "kind": "exact_repeat", "action": "observe", "feedback": "", "n": 6},
-        {"backend": "openai", "model": "", "kind": "no_progress", "action": "correct", "feedback": "", "n": 9},
+        {
+            "backend": "openai",
+            "model": "",
+            "kind": "exact_repeat",
+            "action": "observe",
+            "feedback": "",
+            "n": 6,
+        },
+        {
+            "backend": "openai",
+            "model": "",
+            "kind": "no_progress",
+            "action": "correct",
+            "feedback": "",
+            "n": 9,
+        },
     ]
-    figure = charts.repeat_triggers_chart(rows, [{"backend": "openai", "tool_calls": 3000}], ("exact_repeat",))
+    figure = charts.repeat_triggers_chart(
+        rows, [{"backend": "openai", "tool_calls": 3000}], ("exact_repeat",)
+    )
     assert [(t["name"], t["y"]) for t in figure["data"]] == [("exact_repeat", [2.0])]
 
 
 def test_the_false_alarm_rate_counts_reviewed_interventions_only():
     rows = [
-        {"backend": "openai", "model": "", "kind": "k", "action": "correct", "feedback": "false_alarm", "n": 1},
+        {
+            "backend": "openai",
+            "model": "",
+            "kind": "k",
+            "action": "correct",
+            "feedback": "false_alarm",
+            "n": 1,
+        },
         {"backend": "openai", "model": "", "kind": "k", "action": "handoff", "feedback": "true_loop", "n": 3},
         {"backend": "openai", "model": "", "kind": "k", "action": "correct", "feedback": "", "n": 50},
-        {"backend": "openai", "model": "", "kind": "k", "action": "observe", "feedback": "false_alarm", "n": 9},
+        {
+            "backend": "openai",
+            "model": "",
+            "kind": "k",
+            "action": "observe",
+            "feedback": "false_alarm",
+            "n": 9,
+        },
     ]
     figure, table, overall = charts.false_alarm_figures(rows)
     assert overall == {"reviewed": 4, "false_alarm": 1, "rate": 25.0}
