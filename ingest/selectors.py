@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db.models import F, Q, QuerySet
+from django.db.models import Q, QuerySet
 
 from ingest.detection import Config, Thresholds, ToolSpec
 from ingest.models import Event, Run, Tenant, ThresholdSet, ToolConfig
@@ -41,31 +41,40 @@ def config_for(*, tenant_id: int, backend: str, model: str, task_type: str) -> C
         Q(backend="", model="", task_type__in=["", task_type])
         | Q(backend=backend, model__in=["", model], task_type=""),
     )
-
-    def weight(row: ThresholdSet) -> tuple[bool, int]:
-        scope = (
-            (2 if row.backend else 0)
-            + (1 if row.model else 0)
-            + (1 if row.task_type else 0) * (not row.backend)
-        )
-        return (row.tenant_id is not None, scope)
-
     thresholds = Thresholds()
-    for row in sorted(rows, key=weight):
+    for row in sorted(rows, key=threshold_weight):
         try:
             thresholds = thresholds.merged(row.values)
         except (TypeError, ValueError) as exc:
             logger.warning("thresholds %s ignored: %s", row, exc)
-    tools: dict[str, ToolSpec] = {}
-    shared_first = ToolConfig.objects.filter(Q(tenant__isnull=True) | Q(tenant_id=tenant_id)).order_by(
-        F("tenant_id").asc(nulls_first=True)
+    tools = ToolConfig.objects.filter(Q(tenant__isnull=True) | Q(tenant_id=tenant_id))
+    return Config(thresholds=thresholds, tools=tool_specs(tools))
+
+
+def threshold_applies(row: ThresholdSet, *, backend: str, model: str, task_type: str) -> bool:
+    """Whether the row is among those config_for selects for this scope (its SQL filter, in Python)."""
+    if not row.backend and not row.model:
+        return row.task_type in ("", task_type)
+    return row.backend == backend and row.model in ("", model) and not row.task_type
+
+
+def threshold_weight(row: ThresholdSet) -> tuple[bool, int]:
+    """The order rows apply in, weakest first: shared before the tenant's, then by scope."""
+    scope = (
+        (2 if row.backend else 0) + (1 if row.model else 0) + (1 if row.task_type else 0) * (not row.backend)
     )
-    for tool in shared_first:
-        tools[tool.name] = ToolSpec(
-            kind=tool.kind,
-            core_args=tuple(tool.core_args),
-            noise_args=tuple(tool.noise_args),
-            cursor_args=tuple(tool.cursor_args),
-            casefold=tool.casefold,
+    return (row.tenant_id is not None, scope)
+
+
+def tool_specs(rows) -> dict[str, ToolSpec]:
+    """The engine's tool specs by name: a tenant's row replaces the shared one of that name."""
+    return {
+        row.name: ToolSpec(
+            kind=row.kind,
+            core_args=tuple(row.core_args),
+            noise_args=tuple(row.noise_args),
+            cursor_args=tuple(row.cursor_args),
+            casefold=row.casefold,
         )
-    return Config(thresholds=thresholds, tools=tools)
+        for row in sorted(rows, key=lambda r: r.tenant_id is not None)
+    }

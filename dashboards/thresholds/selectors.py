@@ -10,6 +10,8 @@ from django.db.models import F, Q, QuerySet
 from dashboards.models import ConfigChange, Membership
 from ingest.detection import Config, Thresholds, ToolSpec
 from ingest.models import Reconciler, Tenant, ThresholdSet, ToolConfig
+from ingest.selectors import threshold_applies, threshold_weight
+from ingest.selectors import tool_specs as shared_tool_specs
 
 THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
 DEFAULTS = Thresholds()
@@ -46,20 +48,6 @@ def scope_label(
     return "global"
 
 
-def _applies(row: ThresholdSet, backend: str, model: str, task_type: str) -> bool:
-    # The same rows as ingest.selectors.config_for selects (a test pins the two together).
-    if not row.backend and not row.model:
-        return row.task_type in ("", task_type)
-    return row.backend == backend and row.model in ("", model) and not row.task_type
-
-
-def _weight(row: ThresholdSet) -> tuple[bool, int]:
-    scope = (
-        (2 if row.backend else 0) + (1 if row.model else 0) + (1 if row.task_type else 0) * (not row.backend)
-    )
-    return (row.tenant_id is not None, scope)
-
-
 @dataclass(frozen=True)
 class Resolved:
     thresholds: Thresholds
@@ -82,7 +70,8 @@ def thresholds_resolve(
     overrides = overrides or {}
     thresholds = DEFAULTS
     sources = dict.fromkeys(THRESHOLD_NAMES, "default")
-    for row in sorted((r for r in rows if _applies(r, backend, model, task_type)), key=_weight):
+    applying = (r for r in rows if threshold_applies(r, backend=backend, model=model, task_type=task_type))
+    for row in sorted(applying, key=threshold_weight):
         values = overrides[row.pk] if row.pk in overrides else row.values
         if values is None:
             continue
@@ -107,16 +96,8 @@ def tool_rows(*, tenant: Tenant) -> list[ToolConfig]:
 def tool_specs(
     rows: list[ToolConfig], *, replace: dict[str, ToolSpec | None] | None = None
 ) -> dict[str, ToolSpec]:
-    """Tool specs as config_for builds them: a tenant's row replaces the shared one of that name."""
-    specs: dict[str, ToolSpec] = {}
-    for row in sorted(rows, key=lambda r: r.tenant_id is not None):
-        specs[row.name] = ToolSpec(
-            kind=row.kind,
-            core_args=tuple(row.core_args),
-            noise_args=tuple(row.noise_args),
-            cursor_args=tuple(row.cursor_args),
-            casefold=row.casefold,
-        )
+    """Tool specs as config_for builds them, with some replaced (None: removed) for a preview."""
+    specs = shared_tool_specs(rows)
     for name, spec in (replace or {}).items():
         if spec is None:
             specs.pop(name, None)

@@ -25,6 +25,53 @@ def _tool_state(row: ToolConfig) -> dict[str, Any]:
     }
 
 
+def _target(row: ThresholdSet | ToolConfig) -> str:
+    return f"tool {row.name}" if isinstance(row, ToolConfig) else f"thresholds {scope_label(row)}"
+
+
+def _state(row: ThresholdSet | ToolConfig) -> dict[str, Any]:
+    return _tool_state(row) if isinstance(row, ToolConfig) else _threshold_state(row)
+
+
+def _save(*, tenant: Tenant, user, row, new_row, fields: dict[str, Any], note: str):
+    """Create `new_row` (row None) or update the locked `row` with `fields`; record the change."""
+    with transaction.atomic():
+        if row is None:
+            row, before, action = new_row, None, ConfigChange.Action.CREATE
+        else:
+            row = type(row).objects.select_for_update().get(pk=row.pk, tenant=tenant)
+            before, action = _state(row), ConfigChange.Action.UPDATE
+        for key, value in fields.items():
+            setattr(row, key, value)
+        row.full_clean()
+        row.save()
+        ConfigChange.objects.create(
+            tenant=tenant,
+            user=user,
+            target=_target(row),
+            action=action,
+            before=before,
+            after=_state(row),
+            note=note,
+        )
+    return row
+
+
+def _delete(*, tenant: Tenant, user, row, note: str) -> None:
+    with transaction.atomic():
+        row = type(row).objects.select_for_update().get(pk=row.pk, tenant=tenant)
+        ConfigChange.objects.create(
+            tenant=tenant,
+            user=user,
+            target=_target(row),
+            action=ConfigChange.Action.DELETE,
+            before=_state(row),
+            after=None,
+            note=note,
+        )
+        row.delete()
+
+
 def threshold_set_save(
     *,
     tenant: Tenant,
@@ -37,85 +84,21 @@ def threshold_set_save(
     note: str = "",
 ) -> ThresholdSet:
     """Create or update one of the tenant's threshold rows; records the change."""
-    with transaction.atomic():
-        if row is None:
-            row = ThresholdSet(
-                tenant=tenant, backend=backend, model=model, task_type=task_type, values=values
-            )
-            before = None
-            action = ConfigChange.Action.CREATE
-        else:
-            row = ThresholdSet.objects.select_for_update().get(pk=row.pk, tenant=tenant)
-            before = _threshold_state(row)
-            row.values = values
-            action = ConfigChange.Action.UPDATE
-        row.full_clean()
-        row.save()
-        ConfigChange.objects.create(
-            tenant=tenant,
-            user=user,
-            target=f"thresholds {scope_label(row)}",
-            action=action,
-            before=before,
-            after=_threshold_state(row),
-            note=note,
-        )
-    return row
+    new_row = ThresholdSet(tenant=tenant, backend=backend, model=model, task_type=task_type)
+    return _save(tenant=tenant, user=user, row=row, new_row=new_row, fields={"values": values}, note=note)
 
 
 def threshold_set_delete(*, tenant: Tenant, user, row: ThresholdSet, note: str = "") -> None:
-    with transaction.atomic():
-        row = ThresholdSet.objects.select_for_update().get(pk=row.pk, tenant=tenant)
-        ConfigChange.objects.create(
-            tenant=tenant,
-            user=user,
-            target=f"thresholds {scope_label(row)}",
-            action=ConfigChange.Action.DELETE,
-            before=_threshold_state(row),
-            after=None,
-            note=note,
-        )
-        row.delete()
+    _delete(tenant=tenant, user=user, row=row, note=note)
 
 
 def tool_config_save(
     *, tenant: Tenant, user, row: ToolConfig | None, name: str, fields: dict[str, Any], note: str = ""
 ) -> ToolConfig:
-    with transaction.atomic():
-        if row is None:
-            row = ToolConfig(tenant=tenant, name=name)
-            before = None
-            action = ConfigChange.Action.CREATE
-        else:
-            row = ToolConfig.objects.select_for_update().get(pk=row.pk, tenant=tenant)
-            before = _tool_state(row)
-            action = ConfigChange.Action.UPDATE
-        for key, value in fields.items():
-            setattr(row, key, value)
-        row.full_clean()
-        row.save()
-        ConfigChange.objects.create(
-            tenant=tenant,
-            user=user,
-            target=f"tool {row.name}",
-            action=action,
-            before=before,
-            after=_tool_state(row),
-            note=note,
-        )
-    return row
+    """Create or update the tenant's description of tool `name`; records the change."""
+    new_row = ToolConfig(tenant=tenant, name=name)
+    return _save(tenant=tenant, user=user, row=row, new_row=new_row, fields=fields, note=note)
 
 
 def tool_config_delete(*, tenant: Tenant, user, row: ToolConfig, note: str = "") -> None:
-    with transaction.atomic():
-        row = ToolConfig.objects.select_for_update().get(pk=row.pk, tenant=tenant)
-        ConfigChange.objects.create(
-            tenant=tenant,
-            user=user,
-            target=f"tool {row.name}",
-            action=ConfigChange.Action.DELETE,
-            before=_tool_state(row),
-            after=None,
-            note=note,
-        )
-        row.delete()
+    _delete(tenant=tenant, user=user, row=row, note=note)
