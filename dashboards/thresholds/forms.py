@@ -79,10 +79,11 @@ def _threshold_field(name: str) -> forms.Field:
     return forms.IntegerField(label=label, required=False, max_value=MAX_VALUE)
 
 
-class ThresholdSetForm(forms.Form):
-    backend = forms.CharField(required=False, max_length=100)
-    model = forms.CharField(required=False, max_length=200)
-    task_type = forms.CharField(required=False, max_length=100)
+class _SettingsForm(forms.Form):
+    """A tenant's settings row: a note for the history, how many runs a preview replays; the
+    fields naming the row (`identity`) are fixed once it exists; read-only for non-admins."""
+
+    identity: tuple[str, ...] = ()
     note = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
     preview_runs = forms.IntegerField(
         label="replay the last N runs",
@@ -92,21 +93,32 @@ class ThresholdSetForm(forms.Form):
         required=False,
     )
 
-    def __init__(
-        self, *args, tenant, row: ThresholdSet | None = None, read_only: bool = False, **kwargs
-    ) -> None:
+    def __init__(self, *args, tenant, row=None, read_only: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tenant = tenant
         self.row = row
-        for name in THRESHOLD_NAMES:
-            self.fields[name] = _threshold_field(name)
+        self.add_fields()
         if row is not None:
-            for name in ("backend", "model", "task_type"):
-                self.fields[name].disabled = True  # a row's scope is its identity: delete and add instead
+            for name in self.identity:
+                self.fields[name].disabled = True  # a row's identity: delete and add instead
                 self.initial[name] = getattr(row, name)
         if read_only:
             for f in self.fields.values():
                 f.disabled = True
+
+    def add_fields(self) -> None:
+        """Fields built at run time (before the identity and read-only rules apply)."""
+
+
+class ThresholdSetForm(_SettingsForm):
+    identity = ("backend", "model", "task_type")
+    backend = forms.CharField(required=False, max_length=100)
+    model = forms.CharField(required=False, max_length=200)
+    task_type = forms.CharField(required=False, max_length=100)
+
+    def add_fields(self) -> None:
+        for name in THRESHOLD_NAMES:
+            self.fields[name] = _threshold_field(name)
 
     @property
     def backend_fields(self):
@@ -166,34 +178,14 @@ def _arg_list(value: str, name: str) -> list[str]:
     return items
 
 
-class ToolConfigForm(forms.Form):
+class ToolConfigForm(_SettingsForm):
+    identity = ("name",)
     name = forms.CharField(max_length=200)
     kind = forms.ChoiceField(choices=[("", "as the call says"), *ToolConfig.Kind.choices], required=False)
     core_args = forms.CharField(required=False, help_text="comma-separated; empty: all of them")
     noise_args = forms.CharField(required=False, help_text="comma-separated; left out of the signature")
     cursor_args = forms.CharField(required=False, help_text="comma-separated; beyond page/offset/cursor/…")
     casefold = forms.BooleanField(required=False, label="compare string arguments without case")
-    note = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
-    preview_runs = forms.IntegerField(
-        label="replay the last N runs",
-        min_value=1,
-        max_value=PREVIEW_MAX_RUNS,
-        initial=PREVIEW_RUNS,
-        required=False,
-    )
-
-    def __init__(
-        self, *args, tenant, row: ToolConfig | None = None, read_only: bool = False, **kwargs
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.tenant = tenant
-        self.row = row
-        if row is not None:
-            self.fields["name"].disabled = True
-            self.initial["name"] = row.name
-        if read_only:
-            for f in self.fields.values():
-                f.disabled = True
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()
