@@ -632,19 +632,24 @@ class Server:
         return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        # Workers left behind by the supervisor are in the same process group.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc, timeout=15)
         self.log.close()
+
+
+def stop_group(proc: subprocess.Popen, *, timeout: float) -> None:
+    """TERM the process group of `proc` (started with start_new_session), KILL it after `timeout`,
+    then KILL what its supervisor left behind in the group."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def system_busy() -> tuple[float, float]:
