@@ -24,3 +24,13 @@ def test_a_missing_page_is_a_page_and_a_missing_api_resource_is_json(client, ten
     }
     asked_json = client.get("/no/such/page/", HTTP_ACCEPT="application/json")
     assert asked_json.status_code == 404 and asked_json.json()["error"] == "not_found"
+
+
+def test_a_server_error_is_a_bare_page_for_people_and_json_for_the_api(rf):
+    from ingest.api.errors import server_error
+
+    page = server_error(rf.get("/runs/7/"))
+    assert page.status_code == 500 and b"<h1>Server error</h1>" in page.content
+    assert b"nav" not in page.content  # rendered without templates or the database
+    api = server_error(rf.get("/api/v1/runs"))
+    assert api.status_code == 500 and api["Content-Type"] == "application/json"
