@@ -50,3 +50,106 @@ class ConfigChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.target} {self.action} by {self.user_id}"
+
+
+# --- the overview's hourly rollup (dashboards/overview/rollup.py builds it) -------------------------
+
+
+class RollupHour(models.Model):
+    """A closed UTC hour whose rollup rows are built, for every tenant at once.
+
+    The overview reads the rows of an hour with a clean marker instead of that hour's runs and
+    detections; an hour without a marker, or marked dirty (a verdict changed, late data), is read
+    live. running/waiting: the hour's runs in those states when it was rolled (a change of either,
+    by the guard say, makes the hour due again).
+    """
+
+    hour = models.DateTimeField(unique=True)
+    rolled_at = models.DateTimeField()
+    dirty = models.BooleanField(default=False)
+    running = models.PositiveIntegerField(default=0)
+    waiting = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00}{' dirty' if self.dirty else ''}"
+
+
+class RollupState(models.Model):
+    """How far the rollup pass has looked for late changes (one row per name)."""
+
+    name = models.CharField(max_length=50, unique=True)
+    checked_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} checked at {self.checked_at}"
+
+
+class RunRollup(models.Model):
+    """Runs started in one hour, per tenant and the overview's filter values, summed.
+
+    ended: the budget type for finished runs a budget ended ("unspecified" when none was named),
+    "" for every other run. finished_q0..q3: finished runs per quarter of the hour, for charts in
+    15- and 30-minute steps.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, related_name="+")
+    hour = models.DateTimeField()
+    backend = models.CharField(max_length=100)
+    model = models.CharField(max_length=200, blank=True)
+    task_type = models.CharField(max_length=100)
+    agent = models.CharField(max_length=200, blank=True)
+    ended = models.CharField(max_length=100, blank=True)
+    runs = models.PositiveIntegerField(default=0)
+    running = models.PositiveIntegerField(default=0)
+    succeeded = models.PositiveIntegerField(default=0)
+    finished = models.PositiveIntegerField(default=0)
+    flagged = models.PositiveIntegerField(default=0)
+    events = models.BigIntegerField(default=0)
+    tool_calls = models.BigIntegerField(default=0)
+    cost = models.FloatField(default=0)
+    success_cost = models.FloatField(default=0)
+    burned = models.FloatField(default=0)
+    finished_q0 = models.PositiveIntegerField(default=0)
+    finished_q1 = models.PositiveIntegerField(default=0)
+    finished_q2 = models.PositiveIntegerField(default=0)
+    finished_q3 = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "hour"], name="runrollup_tenant_hour"),
+            models.Index(fields=["hour"], name="runrollup_hour"),  # an hour's rows replaced at once
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.hour:%Y-%m-%d %H:00} {self.backend}/{self.task_type}: {self.runs}"
+
+
+class DetectionRollup(models.Model):
+    """Detections whose event fell in one hour, per tenant, filter values, kind, action and verdict.
+
+    n_q0..q3: the same per quarter of the hour.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, related_name="+")
+    hour = models.DateTimeField()
+    backend = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    task_type = models.CharField(max_length=100, blank=True)
+    agent = models.CharField(max_length=200, blank=True)
+    kind = models.CharField(max_length=32)
+    action = models.CharField(max_length=16)
+    feedback = models.CharField(max_length=16, blank=True)
+    n = models.PositiveIntegerField(default=0)
+    n_q0 = models.PositiveIntegerField(default=0)
+    n_q1 = models.PositiveIntegerField(default=0)
+    n_q2 = models.PositiveIntegerField(default=0)
+    n_q3 = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "hour"], name="detectionrollup_tenant_hour"),
+            models.Index(fields=["hour"], name="detectionrollup_hour"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.hour:%Y-%m-%d %H:00} {self.kind} {self.action}: {self.n}"

@@ -134,6 +134,11 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-expire-leases": {"task": "ingest.ledger_expire_leases", "schedule": 10.0},
     "ledger-reconcile": {"task": "ingest.ledger_reconcile", "schedule": 15.0},
     "ledger-purge": {"task": "ingest.ledger_purge", "schedule": 3600.0},
+    # The overview's hourly rollup: closed hours, and hours whose runs or detections changed since.
+    "overview-rollup": {
+        "task": "dashboards.overview_rollup",
+        "schedule": float(env_int("LOOPWATCH_ROLLUP_EVERY_S", 60, minimum=5)),
+    },
 }
 
 # --- ingest limits (the README's table gives the reasons) ------------------------

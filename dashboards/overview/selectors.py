@@ -1,14 +1,21 @@
-"""Reads of the overview page: stored per-run figures and detection rows, never raw events.
+"""Reads of the overview page: the hourly rollup, stored per-run figures and detection rows, never raw
+events.
 
 Runs are taken by when they started (a cohort: "runs started in the range"), detections by the time
 of the event that made them fire, UNKNOWN operations as they are now. Every query is scoped to
 OverviewFilters.tenant_ids, which the view builds from the user's memberships only.
+
+The cards, the cost and budget charts and the detection figures read the closed hours that were rolled
+up (dashboards/overview/rollup.py) from the rollup, and the rest of the range (the open hour, the
+range's ragged ends, hours not rolled yet or dirty) from the runs and detections: the same figures
+either way. The long tail reads the runs (exact percentiles, and the bars list runs).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +24,7 @@ from django.db import connection, transaction
 from django.db.models import BigIntegerField, Count, F, Func, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
+from dashboards.models import DetectionRollup, RollupHour, RunRollup
 from dashboards.overview.filters import FilterOptions, OverviewFilters
 from ingest.models import Detection, Operation, Run
 
@@ -33,6 +41,9 @@ UNKNOWN_AGES = (
     ("> 1 day", None),
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+QUARTER = timedelta(minutes=15)  # the rollup's finest time: steps of 15 and 30 minutes read its quarters
+DIMENSIONS = ("backend", "model", "task_type", "agent")
 
 
 OPTIONS_TTL_S = 60  # new backends and task types show in the filters within a minute
@@ -136,6 +147,64 @@ class EpochBucket(Func):
         return f"FLOOR(date_part('epoch', {sql}) / %s)::bigint", [*params, self.seconds]
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """Where the page reads each part of its range: `rolled`, hours from the rollup; `live`, the rest."""
+
+    rolled: tuple[tuple[datetime, datetime], ...] = ()
+    live: tuple[tuple[datetime, datetime], ...] = ()
+
+
+def coverage(*, f: OverviewFilters) -> Coverage:
+    """The clean rolled hours wholly inside the range, as intervals, and the rest of the range."""
+    whole = Coverage(live=((f.start, f.end),))
+    if f.step % QUARTER:  # minute steps (the hour range): finer than the rollup's quarters
+        return whole
+    first, last = bucket_of(f.start + HOUR - timedelta(microseconds=1), HOUR), bucket_of(f.end, HOUR)
+    if first >= last:
+        return whole
+    hours = RollupHour.objects.filter(hour__gte=first, hour__lt=last, dirty=False).order_by("hour")
+    rolled: list[list[datetime]] = []
+    for hour in hours.values_list("hour", flat=True):
+        if rolled and rolled[-1][1] == hour:
+            rolled[-1][1] = hour + HOUR
+        else:
+            rolled.append([hour, hour + HOUR])
+    if not rolled:
+        return whole
+    live, at = [], f.start
+    for lo, hi in rolled:
+        if at < lo:
+            live.append((at, lo))
+        at = hi
+    if at < f.end:
+        live.append((at, f.end))
+    return Coverage(rolled=tuple((lo, hi) for lo, hi in rolled), live=tuple(live))
+
+
+def _within(field: str, intervals: tuple[tuple[datetime, datetime], ...]) -> Q:
+    where = Q()
+    for lo, hi in intervals:
+        where |= Q(**{f"{field}__gte": lo, f"{field}__lt": hi})
+    return where
+
+
+def _filtered(query: QuerySet, f: OverviewFilters) -> QuerySet:
+    for name in DIMENSIONS:
+        value = getattr(f, name)
+        if value:
+            query = query.filter(**{name: value})
+    return query
+
+
+def _quarters(at: int, counts, step: timedelta):
+    """(bucket, count) of a rolled hour's quarter counts in the chart's step (15 or 30 minutes)."""
+    base = bucket_start(at, HOUR)
+    for index, n in enumerate(counts):
+        if n:
+            yield bucket_of(base + index * QUARTER, step), n
+
+
 def _rows(query: QuerySet) -> list[tuple]:
     """A grouped query's rows as the database sends them. Django's per-row converters (None -> 0 for
     each Count) cost more than the query itself on the thousands of groups of a week."""
@@ -149,71 +218,125 @@ def bucket_start(number: int, step: timedelta) -> datetime:
     return _EPOCH + number * step
 
 
-def run_figures(*, f: OverviewFilters) -> dict[str, Any]:
-    """The cards, the per-backend figures and the budget rows, from one grouped scan of the runs in range.
+def run_figures(*, f: OverviewFilters, cover: Coverage | None = None) -> dict[str, Any]:
+    """The cards, the per-backend figures and the budget rows: rolled hours from the rollup, the rest
+    from one grouped scan of the runs.
 
     Returns totals, by_backend (runs, running, finished, budget, succeeded, flagged, events, tool_calls,
     cost, success_cost, burned per backend) and budget_rows (finished runs per time bucket, task type
     and budget type, "" for runs not ended by a budget).
     """
-    rows = (
-        runs_in_range(f=f)
-        .annotate(at=EpochBucket("started_at", f.step))
-        .values_list("backend", "at", "task_type", "status", "terminated_by", "budget_type")
-        .annotate(
-            n=Count("*"),
-            flagged=Count("pk", filter=Q(loop_flagged=True)),
-            events=Coalesce(Sum("events_count"), 0),
-            calls=Coalesce(Sum("tool_calls"), 0),
-            cost=Coalesce(Sum("cost_usd"), 0.0),
-            burned=Coalesce(Sum("cost_after_loop_usd"), 0.0),
-        )
-        .order_by()
-    )
+    cover = cover or coverage(f=f)
     zero = dict.fromkeys(("runs", "running", "finished", "budget", "succeeded", "flagged"), 0)
     zero.update(dict.fromkeys(("events", "tool_calls", "cost", "success_cost", "burned"), 0))
     by_backend: dict[str, dict[str, Any]] = {}
-    budget: dict[tuple[int, str, str], int] = defaultdict(int)
-    for (
-        backend,
-        at,
-        task_type,
-        status,
-        terminated_by,
-        budget_type,
-        n,
-        flagged,
-        events,
-        calls,
-        cost,
-        burned,
-    ) in _rows(rows):
-        line = by_backend.setdefault(backend, {"backend": backend, **zero})
-        line["runs"] += n
-        line["events"] += events
-        line["tool_calls"] += calls
-        line["cost"] += cost
-        line["burned"] += burned
-        line["flagged"] += flagged
-        if status == Run.Status.RUNNING:
-            line["running"] += n
-        if status == Run.Status.SUCCEEDED:
-            line["succeeded"] += n
-            line["success_cost"] += cost
-        if status in FINISHED:
-            line["finished"] += n
-            ended = (budget_type or "unspecified") if terminated_by == "budget" else ""
+    budget: dict[tuple[datetime, str, str], int] = defaultdict(int)
+    starts: dict[int, datetime] = {}
+    if cover.live:
+        rows = (
+            runs_in_range(f=f)
+            .filter(_within("started_at", cover.live))
+            .annotate(at=EpochBucket("started_at", f.step))
+            .values_list("backend", "at", "task_type", "status", "terminated_by", "budget_type")
+            .annotate(
+                n=Count("*"),
+                flagged=Count("pk", filter=Q(loop_flagged=True)),
+                events=Coalesce(Sum("events_count"), 0),
+                calls=Coalesce(Sum("tool_calls"), 0),
+                cost=Coalesce(Sum("cost_usd"), 0.0),
+                burned=Coalesce(Sum("cost_after_loop_usd"), 0.0),
+            )
+            .order_by()
+        )
+        for (
+            backend,
+            at,
+            task_type,
+            status,
+            terminated_by,
+            budget_type,
+            n,
+            flagged,
+            events,
+            calls,
+            cost,
+            burned,
+        ) in _rows(rows):
+            line = by_backend.setdefault(backend, {"backend": backend, **zero})
+            line["runs"] += n
+            line["events"] += events
+            line["tool_calls"] += calls
+            line["cost"] += cost
+            line["burned"] += burned
+            line["flagged"] += flagged
+            if status == Run.Status.RUNNING:
+                line["running"] += n
+            if status == Run.Status.SUCCEEDED:
+                line["succeeded"] += n
+                line["success_cost"] += cost
+            if status in FINISHED:
+                line["finished"] += n
+                ended = (budget_type or "unspecified") if terminated_by == "budget" else ""
+                if ended:
+                    line["budget"] += n
+                start = starts.get(at) or starts.setdefault(at, bucket_start(at, f.step))
+                budget[(start, task_type, ended)] += n
+    if cover.rolled:
+        grain = max(f.step, HOUR)
+        rows = (
+            _filtered(RunRollup.objects.filter(tenant_id__in=f.tenant_ids), f)
+            .filter(_within("hour", cover.rolled))
+            .annotate(at=EpochBucket("hour", grain))
+            .values_list("backend", "at", "task_type", "ended")
+            .annotate(
+                *(
+                    Sum(name)
+                    for name in (
+                        "runs",
+                        "running",
+                        "succeeded",
+                        "finished",
+                        "flagged",
+                        "events",
+                        "tool_calls",
+                    )
+                ),
+                *(Sum(name) for name in ("cost", "success_cost", "burned")),
+                *(Sum(f"finished_q{i}") for i in range(4)),
+            )
+            .order_by()
+        )
+        for backend, at, task_type, ended, *sums in _rows(rows):
+            runs, running, succeeded, finished, flagged, events, calls, cost, success_cost, burned = sums[:10]
+            line = by_backend.setdefault(backend, {"backend": backend, **zero})
+            line["runs"] += runs
+            line["running"] += running
+            line["succeeded"] += succeeded
+            line["finished"] += finished
+            line["flagged"] += flagged
+            line["events"] += events
+            line["tool_calls"] += calls
+            line["cost"] += cost
+            line["success_cost"] += success_cost
+            line["burned"] += burned
             if ended:
-                line["budget"] += n
-            budget[(at, task_type, ended)] += n
+                line["budget"] += finished
+            if not finished:
+                continue
+            if f.step >= HOUR:
+                start = starts.get(at) or starts.setdefault(at, bucket_start(at, grain))
+                budget[(start, task_type, ended)] += finished
+            else:
+                for start, n in _quarters(at, sums[10:], f.step):
+                    budget[(start, task_type, ended)] += n
     lines = [by_backend[name] for name in sorted(by_backend)]
     totals = {key: sum(line[key] for line in lines) for key in zero}
     return {
         "totals": totals,
         "by_backend": lines,
         "budget_rows": [
-            {"bucket": bucket_start(at, f.step), "task_type": task_type, "budget_type": ended, "runs": n}
-            for (at, task_type, ended), n in sorted(budget.items())
+            {"bucket": start, "task_type": task_type, "budget_type": ended, "runs": n}
+            for (start, task_type, ended), n in sorted(budget.items())
         ],
     }
 
@@ -258,31 +381,68 @@ def tail_runs(*, f: OverviewFilters, limit: int = TAIL_RUNS_LIMIT) -> tuple[list
     return listed, total
 
 
-def detection_rows(*, f: OverviewFilters) -> dict[str, list[dict[str, Any]]]:
+def detection_rows(*, f: OverviewFilters, cover: Coverage | None = None) -> dict[str, list[dict[str, Any]]]:
     """The detections in range two ways: `series`, the interventions (correct and stronger) per
     (bucket, backend, model, kind), for the chart over time; `totals`, every detection per
-    (backend, model, kind, action, feedback), for the tables and the rates."""
-    found = detections_in_range(f=f)
-    series = (
-        found.exclude(action=Detection.Action.OBSERVE)
-        .annotate(at=EpochBucket("ts", f.step))
-        .values_list("at", "backend", "model", "kind")
-        .annotate(n=Count("*"))
-        .order_by()
-    )
-    totals = (
-        found.values_list("backend", "model", "kind", "action", "feedback").annotate(n=Count("*")).order_by()
-    )
+    (backend, model, kind, action, feedback), for the tables and the rates. Rolled hours from the
+    rollup, the rest from the detections."""
+    cover = cover or coverage(f=f)
+    series: dict[tuple[datetime, str, str, str], int] = defaultdict(int)
+    totals: dict[tuple[str, str, str, str, str], int] = defaultdict(int)
     starts: dict[int, datetime] = {}
-    out: dict[str, list[dict[str, Any]]] = {"series": [], "totals": []}
-    for at, backend, model, kind, n in _rows(series):
-        start = starts.get(at) or starts.setdefault(at, bucket_start(at, f.step))
-        out["series"].append({"bucket": start, "backend": backend, "model": model, "kind": kind, "n": n})
-    for backend, model, kind, action, feedback, n in _rows(totals):
-        out["totals"].append(
-            {"backend": backend, "model": model, "kind": kind, "action": action, "feedback": feedback, "n": n}
+    if cover.live:
+        found = detections_in_range(f=f).filter(_within("ts", cover.live))
+        live_series = (
+            found.exclude(action=Detection.Action.OBSERVE)
+            .annotate(at=EpochBucket("ts", f.step))
+            .values_list("at", "backend", "model", "kind")
+            .annotate(n=Count("*"))
+            .order_by()
         )
-    return out
+        live_totals = (
+            found.values_list("backend", "model", "kind", "action", "feedback")
+            .annotate(n=Count("*"))
+            .order_by()
+        )
+        for at, backend, model, kind, n in _rows(live_series):
+            start = starts.get(at) or starts.setdefault(at, bucket_start(at, f.step))
+            series[(start, backend, model, kind)] += n
+        for backend, model, kind, action, feedback, n in _rows(live_totals):
+            totals[(backend, model, kind, action, feedback)] += n
+    if cover.rolled:
+        grain = max(f.step, HOUR)
+        rolled = _filtered(DetectionRollup.objects.filter(tenant_id__in=f.tenant_ids), f).filter(
+            _within("hour", cover.rolled)
+        )
+        rolled_series = (
+            rolled.exclude(action=Detection.Action.OBSERVE)
+            .annotate(at=EpochBucket("hour", grain))
+            .values_list("at", "backend", "model", "kind")
+            .annotate(Sum("n"), *(Sum(f"n_q{i}") for i in range(4)))
+            .order_by()
+        )
+        rolled_totals = (
+            rolled.values_list("backend", "model", "kind", "action", "feedback").annotate(Sum("n")).order_by()
+        )
+        for at, backend, model, kind, n, *quarters in _rows(rolled_series):
+            if f.step >= HOUR:
+                start = starts.get(at) or starts.setdefault(at, bucket_start(at, grain))
+                series[(start, backend, model, kind)] += n
+            else:
+                for start, count in _quarters(at, quarters, f.step):
+                    series[(start, backend, model, kind)] += count
+        for backend, model, kind, action, feedback, n in _rows(rolled_totals):
+            totals[(backend, model, kind, action, feedback)] += n
+    return {
+        "series": [
+            {"bucket": start, "backend": backend, "model": model, "kind": kind, "n": n}
+            for (start, backend, model, kind), n in series.items()
+        ],
+        "totals": [
+            {"backend": backend, "model": model, "kind": kind, "action": action, "feedback": feedback, "n": n}
+            for (backend, model, kind, action, feedback), n in totals.items()
+        ],
+    }
 
 
 def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from dashboards.overview.plotlyjs import plotlyjs_version
 from dashboards.overview.selectors import (
     REPEAT_KINDS,
     buckets,
+    coverage,
     detection_rows,
     filter_options,
     last_run_started,
@@ -92,7 +93,8 @@ def overview(request: HttpRequest) -> HttpResponse:
 def _figures(f: OverviewFilters, context: dict, now: datetime) -> None:
     figures = context["figures"]
     time_axis = buckets(f=f)
-    runs = run_figures(f=f)
+    cover = coverage(f=f)
+    runs = run_figures(f=f, cover=cover)
     totals = runs["totals"]
     context.update(totals=totals, by_backend=runs["by_backend"])
     if not totals["runs"]:
@@ -113,7 +115,7 @@ def _figures(f: OverviewFilters, context: dict, now: datetime) -> None:
         context["latest"] = latest_runs(f=f)
         totals["per_success"] = totals["cost"] / totals["succeeded"] if totals["succeeded"] else None
         totals["budget_share"] = 100 * totals["budget"] / totals["finished"] if totals["finished"] else None
-    detections = detection_rows(f=f)
+    detections = detection_rows(f=f, cover=cover)
     found = detections["totals"]
     context["detections"] = sum(r["n"] for r in found)
     context["interventions"] = sum(r["n"] for r in found if r["action"] != "observe")
