@@ -11,6 +11,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
+from dashboards.overview.rollup import rollup_hours_dirty
 from ingest.events import alerts_group
 from ingest.models import Detection
 
@@ -57,6 +58,9 @@ def detection_feedback_set(
         detection.feedback_by, detection.feedback_at = user, now or timezone.now()
     with transaction.atomic():
         detection.save(update_fields=["feedback", "feedback_note", "feedback_by", "feedback_at"])
+        # The overview reads the verdicts of rolled hours from the rollup: this hour is read live until
+        # it is rolled again (the marker's lock orders this after a roll in progress).
+        rollup_hours_dirty(times=[detection.ts])
         payload = feedback_payload(detection)
         tenant_id = detection.tenant_id
         transaction.on_commit(lambda: _feedback_publish(tenant_id=tenant_id, payload=payload))
