@@ -1,7 +1,7 @@
 """Server time of the overview page and of the live alerts page on a week of production-sized data.
 
     .venv/bin/python bench/dashboards.py [--runs 50000] [--calls 1000000] [--repeat 5]
-        [--database-url postgres://postgres@127.0.0.1:5432/loopwatch_bench_dash] [--regenerate]
+        [--database-url postgres://postgres@127.0.0.1:5432/loopwatch_bench_dash] [--regenerate] [--no-rollup]
         [--alert-latency [ARGS]]
 
 1. Creates the bench database if missing (its name must contain "bench") and migrates it.
@@ -13,10 +13,13 @@
    with some still UNKNOWN. Runs go in with one COPY, the rest with INSERT ... SELECT on the server.
    Raw events are not generated: no page reads them. Data generated earlier is moved forward in time
    (runs, detections, operations) so that "the last hour" holds what it held when generated.
-3. Runs Django in this process (DEBUG off) and times each page with the test client, signed in as a
+3. Builds the overview's hourly rollup of every closed hour again (`manage.py overview_rollup
+   --rebuild`, what the beat task keeps up to date), timed, then ANALYZE of its tables; with
+   --no-rollup deletes it instead, and the pages read every hour live (the figures before it).
+4. Runs Django in this process (DEBUG off) and times each page with the test client, signed in as a
    member of the bench tenant: a warm-up request, then --repeat requests; prints the median, the
    slowest, and the median count and time of the SQL queries, against the target (300 ms).
-4. --alert-latency runs bench/alert_latency.py (alert latency from ingest to a browser) after, with
+5. --alert-latency runs bench/alert_latency.py (alert latency from ingest to a browser) after, with
    the arguments given, when that script exists.
 
 Exits 0 (the figures are for reading), 2 on a setup error.
@@ -455,6 +458,39 @@ def move_forward(url: str, generated_at: datetime) -> None:
     print(f"moved the data {shift} forward in {time.perf_counter() - started:.1f} s")
 
 
+def rollup(env: dict[str, str], url: str, *, build: bool = True) -> None:
+    """The overview's hourly rollup, built from scratch (moved or new data): the pages read it.
+    build=False: deleted, so that the pages read every hour live (the figures before the rollup)."""
+    began = time.perf_counter()
+    command = ["overview_rollup", "--rebuild"] if build else ["shell", "-c", _CLEAR]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if proc.returncode:
+        raise SetupError(f"overview_rollup failed:\n{proc.stdout}\n{proc.stderr}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE dashboards_rolluphour, dashboards_runrollup, dashboards_detectionrollup")
+        rows = conn.execute(
+            "SELECT (SELECT count(*) FROM dashboards_runrollup), (SELECT count(*) FROM dashboards_detectionrollup)"
+        ).fetchone()
+    if not build:
+        print("overview rollup deleted (--no-rollup): every hour is read live", flush=True)
+        return
+    print(
+        f"overview rollup built in {time.perf_counter() - began:.1f} s ({proc.stdout.strip()}; "
+        f"{rows[0]:,} run rows, {rows[1]:,} detection rows)",
+        flush=True,
+    )
+
+
+_CLEAR = "from dashboards.overview.rollup import rollup_clear; rollup_clear()"
+
+
 def analyze(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
@@ -614,6 +650,9 @@ def main() -> int:
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/loopwatch_bench_dash")
     parser.add_argument("--regenerate", action="store_true", help="generate the data even if it is there")
     parser.add_argument(
+        "--no-rollup", action="store_true", help="delete the overview's rollup: time the live reads alone"
+    )
+    parser.add_argument(
         "--alert-latency",
         nargs=argparse.REMAINDER,
         default=None,
@@ -639,6 +678,7 @@ def main() -> int:
         else:
             print(f"reusing the data ({shape})")
             move_forward(args.database_url, stored[1])
+        rollup(env, args.database_url, build=not args.no_rollup)
     except (SetupError, psycopg.Error) as exc:
         print(f"setup failed: {exc}", file=sys.stderr)
         return 2
