@@ -83,7 +83,7 @@ def database_from_url(name: str, url: str) -> dict:
             options["pool"] = {key: int(v) for key, v in sizes.items()} | {"timeout": 30}
             conn_max_age = "0"
         return {
-            "ENGINE": "django.db.backends.postgresql",
+            "ENGINE": "loopwatch.db",
             "NAME": db_name,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),

@@ -49,7 +49,7 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
     done = _start(DATABASE_URL="postgres://u:p@db.example:5433/lw", REDIS_URL="redis://cache:6379/2")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [
-        "django.db.backends.postgresql",
+        "loopwatch.db",
         "False",
         "channels_redis.core.RedisChannelLayer",
     ]
