@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ingest import metrics
+from ingest.bulk import rows_update
 from ingest.detection.config import NON_RETRYABLE, RETRYABLE
 from ingest.detection.normalize import canonical
 from ingest.models import Operation, OperationTransition, Reconciler, Tenant
@@ -728,8 +729,7 @@ def trace_writes_record(*, steps: list[tuple[str, Any, Any]]) -> list[dict[str, 
             op.updated_at = now
             changed[op.pk] = op
         OperationTransition.objects.bulk_create(transitions)
-        if changed:
-            Operation.objects.bulk_update(list(changed.values()), _TRACE_FIELDS)
+        rows_update(Operation, list(changed.values()), _TRACE_FIELDS)
     return answers
 
 

@@ -33,22 +33,48 @@ def detection_config(*, run: Run) -> Config:
     return config_for(tenant_id=run.tenant_id, backend=run.backend, model=run.model, task_type=run.task_type)
 
 
+Scope = tuple[int, str, str, str]  # (tenant_id, backend, model, task_type)
+
+
 def config_for(*, tenant_id: int, backend: str, model: str, task_type: str) -> Config:
     """Defaults < rows for every tenant < the tenant's rows; within each, by scope:
     global < task type < backend < (backend, model). A tenant's tool row replaces the shared one."""
-    rows = ThresholdSet.objects.filter(
-        Q(tenant__isnull=True) | Q(tenant_id=tenant_id),
-        Q(backend="", model="", task_type__in=["", task_type])
-        | Q(backend=backend, model__in=["", model], task_type=""),
+    scope = (tenant_id, backend, model, task_type)
+    return configs_for(scopes={scope})[scope]
+
+
+def configs_for(*, scopes: set[Scope]) -> dict[Scope, Config]:
+    """config_for of several scopes with two queries for all of them (the detection task resolves
+    the scopes of every run of a pass at once): the rows of the tenants and the shared ones, each
+    scope's picked in memory by threshold_applies."""
+    tenants = {tenant_id for tenant_id, _, _, _ in scopes}
+    backends = {backend for _, backend, _, _ in scopes}
+    rows = list(
+        ThresholdSet.objects.filter(
+            Q(tenant__isnull=True) | Q(tenant_id__in=tenants), backend__in=["", *sorted(backends)]
+        )
     )
-    thresholds = Thresholds()
-    for row in sorted(rows, key=threshold_weight):
-        try:
-            thresholds = thresholds.merged(row.values)
-        except (TypeError, ValueError) as exc:
-            logger.warning("thresholds %s ignored: %s", row, exc)
-    tools = ToolConfig.objects.filter(Q(tenant__isnull=True) | Q(tenant_id=tenant_id))
-    return Config(thresholds=thresholds, tools=tool_specs(tools))
+    rows.sort(key=threshold_weight)
+    tools = list(ToolConfig.objects.filter(Q(tenant__isnull=True) | Q(tenant_id__in=tenants)))
+    specs = {
+        tenant_id: tool_specs([t for t in tools if t.tenant_id in (None, tenant_id)]) for tenant_id in tenants
+    }
+    configs = {}
+    for tenant_id, backend, model, task_type in scopes:
+        thresholds = Thresholds()
+        for row in rows:
+            if row.tenant_id not in (None, tenant_id):
+                continue
+            if not threshold_applies(row, backend=backend, model=model, task_type=task_type):
+                continue
+            try:
+                thresholds = thresholds.merged(row.values)
+            except (TypeError, ValueError) as exc:
+                logger.warning("thresholds %s ignored: %s", row, exc)
+        configs[(tenant_id, backend, model, task_type)] = Config(
+            thresholds=thresholds, tools=specs[tenant_id]
+        )
+    return configs
 
 
 def threshold_applies(row: ThresholdSet, *, backend: str, model: str, task_type: str) -> bool:

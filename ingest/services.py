@@ -13,6 +13,7 @@ import secrets
 import struct
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,11 +21,13 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 from django.db import connection, models, transaction
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from ingest.detection import ACTIONS, Engine, RunState
+from ingest.bulk import rows_insert, rows_update
+from ingest.detection import ACTIONS, Config, Engine, RunState
 from ingest.events import ALERT_MESSAGE, alerts_group
-from ingest.ledger import trace_write_finished, trace_write_started
+from ingest.ledger import TRACE_FINISHED, TRACE_STARTED, trace_writes_record
 from ingest.models import (
     ApiKey,
     Backend,
@@ -38,9 +41,9 @@ from ingest.models import (
     Tenant,
     ToolCall,
 )
-from ingest.pricing import PriceBook
+from ingest.pricing import Price, PriceBook
 from ingest.schema import EventError, find_nul, parse_ts, validate_event
-from ingest.selectors import detection_config
+from ingest.selectors import Scope, configs_for
 
 logger = logging.getLogger(__name__)
 
@@ -416,7 +419,7 @@ def _run_statements() -> tuple[str, str]:
     locked = ", ".join(f'"{column[name]}"' for name in _RunRow.LOCKED)
     lock = (
         f'SELECT {locked} FROM "{table}" WHERE "{column["tenant"]}" = %s AND "{column["run_id"]}" = ANY(%s) '
-        f'ORDER BY "{column["pk"]}" FOR UPDATE'
+        f'ORDER BY "{column["pk"]}" FOR NO KEY UPDATE'
     )
     # One statement for all the runs, their rows given as one JSON array read as rows of the table.
     merge = {"started_at": "LEAST(r.{0}, v.{0})", "last_event_at": "GREATEST(r.{0}, v.{0})"}
@@ -657,42 +660,143 @@ os.register_at_fork(after_in_child=_publisher_forget)
 # --- per-run processing ---------------------------------------------------------------------
 
 PROCESS_CHUNK = 2000  # events per pass: bounds a task's memory and lock time on a huge backlog
+# A pass of several runs gives each chunk // runs events, but at least this many: fifty runs behind
+# still go 200 events a pass each, not 40.
+RUN_CHUNK_MIN = 200
+RUN_FIELDS = ("tenant_id", "backend", "model", "task_type", "run_id", "agent", "first_loop_seq")
+
+_Events = list[tuple[int, str, datetime, dict]]
 
 
 def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
-    """Process a run's events after its cursor, once and in order. Returns how many it processed.
+    """Process a run's events after its cursor, once and in order: runs_process of this one run
+    (which waits for the run's lock). Returns how many it processed."""
+    return runs_process(run_pks=[run_pk], chunk=chunk)
 
-    1. Lock the run's cursor row (a second task for the same run waits here, then finds nothing).
-    2. Read the events after the cursor, in seq order, at most `chunk` of them.
-    3. Build model rounds and tool calls, joining each result to the most recent unanswered call
-       with its call_id; a result without a call is kept and joined when the call comes.
-    4. Move the cursor and commit; repeat until the run is caught up.
+
+def runs_process(*, run_pks: Iterable[int], chunk: int = PROCESS_CHUNK, skip_locked: bool = False) -> int:
+    """Process the events after the cursors of several runs, each once and in order, in passes that
+    take the runs together: a pass costs the same dozen queries for one run as for fifty (a task
+    of interleaved traffic brings a few events of each of ~50 runs). Returns how many it processed.
+
+    1. Lock the runs' cursor rows with one statement, in pk order (two tasks cannot deadlock; a
+       second task for the same run waits here, then finds nothing). With skip_locked, runs that
+       another task holds are passed over and taken at the end with a lock that waits: that task
+       may have read its events before those this task was queued for were stored.
+    2. Read the runs' events after their cursors, in seq order, at most `chunk` in all (but
+       RUN_CHUNK_MIN of each run at least), with one query, and the runs with another.
+    3. Build model rounds and tool calls (_materialize), joining each result to the most recent
+       unanswered call with its call_id; a result without a call is kept and joined when the call
+       comes. The pass's traced writes go to the ledger together.
+    4. Feed each run's events to the engine from where it stopped; store the detections, then the
+       runs' figures and cursors, one statement each for all the runs (_detect); commit; publish
+       the alerts.
+    5. Again for the runs that had more events than their share, until every run is caught up.
     """
+    order = list(dict.fromkeys(run_pks))
+    cache = _PassCache()
     total = 0
-    while True:
-        with transaction.atomic():
-            cursor = RunCursor.objects.select_for_update().filter(run_id=run_pk).first()
-            if cursor is None:
-                return total
-            events = list(
-                Event.objects.filter(run_id=run_pk, seq__gt=cursor.position)
-                .order_by("seq")
-                .values_list("seq", "type", "ts", "body")[:chunk]
-            )
-            if not events:
-                return total
-            fields = ("tenant_id", "backend", "model", "task_type", "run_id", "agent", "first_loop_seq")
-            run = Run.objects.only(*fields).get(pk=run_pk)
-            duplicates = _materialize(run, events)
-            published = _detect(run, cursor, events, duplicates)
-            cursor.position = events[-1][0]
-            cursor.processed += len(events)
-            cursor.save(update_fields=["position", "processed", "engine_state", "updated_at"])
-        if published:
-            alerts_publish(tenant_id=run.tenant_id, alerts=published)
-        total += len(events)
-        if len(events) < chunk:
-            return total
+    passed_over: list[int] = []
+    while order:
+        processed, order, skipped = _runs_pass(order, chunk, skip_locked, cache)
+        total += processed
+        passed_over += skipped
+        if not order:
+            order, passed_over, skip_locked = passed_over, [], False
+    return total
+
+
+class _PassCache:
+    """What one runs_process call reads once for all its passes: thresholds and tools per scope
+    (so a change in the admin applies from the next task on), prices per (backend, model)."""
+
+    def __init__(self) -> None:
+        self.configs: dict[Scope, Config] = {}
+        self.prices: dict[tuple[str, str], Price] = {}
+
+    def config(self, run: Run) -> Config:
+        return self.configs[(run.tenant_id, run.backend, run.model, run.task_type)]
+
+    def load_configs(self, runs: list[Run]) -> None:
+        missing = {
+            (run.tenant_id, run.backend, run.model, run.task_type) for run in runs
+        } - self.configs.keys()
+        if missing:
+            self.configs.update(configs_for(scopes=missing))
+
+    def load_prices(self, pairs: set[tuple[str, str]]) -> None:
+        missing = pairs - self.prices.keys()
+        if missing:
+            book = _PriceBook(missing) if connection.vendor == "postgresql" else PriceBook(missing)
+            self.prices.update((pair, book.price(*pair)) for pair in missing)
+
+
+def _runs_pass(
+    order: list[int], chunk: int, skip_locked: bool, cache: _PassCache
+) -> tuple[int, list[int], list[int]]:
+    """One pass of runs_process: (events processed, runs with more to do, runs passed over)."""
+    with transaction.atomic():
+        cursors = _cursors_lock(order, skip_locked)
+        skipped = [pk for pk in order if pk not in cursors] if skip_locked else []
+        limit = chunk if len(cursors) <= 1 else max(chunk // len(cursors), RUN_CHUNK_MIN)
+        events = _events_after(cursors, limit) if cursors else {}
+        if not events:
+            return 0, [], skipped
+        found = Run.objects.only(*RUN_FIELDS).in_bulk(list(events))
+        runs = [found[pk] for pk in order if pk in events and pk in found]
+        cache.load_configs(runs)
+        duplicates = _materialize(runs, events, cache)
+        alerts = _detect(runs, cursors, events, duplicates, cache)
+    if alerts:
+        alerts_publish_all(alerts=alerts)
+    processed = sum(len(events[run.pk]) for run in runs)
+    return processed, [run.pk for run in runs if len(events[run.pk]) >= limit], skipped
+
+
+def _cursors_lock(run_pks: list[int], skip_locked: bool) -> dict[int, RunCursor]:
+    skip = skip_locked and connection.features.has_select_for_update_skip_locked
+    cursors = (
+        RunCursor.objects.select_for_update(skip_locked=skip).filter(run_id__in=run_pks).order_by("run_id")
+    )
+    return {cursor.run_id: cursor for cursor in cursors}
+
+
+# PostgreSQL: each run's next events after its cursor, `limit` at most, by the (run, seq) index.
+_EVENTS_AFTER_SQL = f"""
+SELECT c.run_id, e.seq, e.type, e.ts, e.body
+FROM unnest(%s::bigint[], %s::integer[]) AS c(run_id, position)
+CROSS JOIN LATERAL (
+    SELECT seq, type, ts, body FROM {Event._meta.db_table}
+    WHERE run_id = c.run_id AND seq > c.position ORDER BY seq LIMIT %s
+) AS e
+ORDER BY c.run_id, e.seq
+"""
+
+
+def _events_after(cursors: dict[int, RunCursor], limit: int) -> dict[int, _Events]:
+    """Each run's events after its cursor, in seq order, at most `limit` of each, in one query."""
+    found: dict[int, _Events] = defaultdict(list)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_EVENTS_AFTER_SQL, [list(cursors), [c.position for c in cursors.values()], limit])
+            loads = orjson.loads
+            for run_pk, seq, kind, ts, body in cursor.fetchall():
+                found[run_pk].append((seq, kind, ts, loads(body) if isinstance(body, str | bytes) else body))
+        return found
+    after = functools.reduce(
+        operator.or_, (models.Q(run_id=pk, seq__gt=c.position) for pk, c in cursors.items())
+    )
+    rank = models.Window(RowNumber(), partition_by="run_id", order_by="seq")
+    rows = (
+        Event.objects.filter(after)
+        .annotate(rank=rank)
+        .filter(rank__lte=limit)
+        .order_by("run_id", "seq")
+        .values_list("run_id", "seq", "type", "ts", "body")
+    )
+    for run_pk, seq, kind, ts, body in rows:
+        found[run_pk].append((seq, kind, ts, body))
+    return found
 
 
 def run_reprocess(*, run_pk: int) -> int:
@@ -712,99 +816,202 @@ def run_reprocess(*, run_pk: int) -> int:
 
 
 def _detect(
-    run: Run,
-    cursor: RunCursor,
-    events: list[tuple[int, str, datetime, dict]],
-    found_elsewhere: list[Detection],
-) -> list[dict]:
-    """Feed the events to the engine from where it stopped; store what it finds.
+    runs: list[Run],
+    cursors: dict[int, RunCursor],
+    events: dict[int, _Events],
+    found_elsewhere: dict[int, list[Detection]],
+    cache: _PassCache,
+) -> list[tuple[int, dict]]:
+    """Feed each run's events to the engine from where it stopped; store what it finds, the runs'
+    figures and the cursors.
 
-    Returns the alerts to publish (interventions) once the transaction has committed.
+    Returns the alerts to publish (interventions) once the transaction has committed, as
+    (tenant_id, alert) in the runs' order.
     """
-    config = detection_config(run=run)
-    state = None
-    if cursor.engine_state:
-        try:
-            state = RunState.from_dict(cursor.engine_state)
-        except (TypeError, ValueError, KeyError):
-            logger.warning("run %s: engine state unreadable, starting afresh", run.pk)
-    state = state or RunState()
-    engine = Engine(config)
     rows: list[Detection] = []
-    first_loop_ts: datetime | None = None
-    for seq, _kind, ts, body in events:
-        for found in engine.feed(state, body):
-            rows.append(
-                Detection(
-                    tenant_id=run.tenant_id,
-                    run_id=run.pk,
-                    seq=seq,
-                    kind=found.kind,
-                    action=found.action,
-                    signature=found.signature,
-                    tool=found.tool,
-                    count=found.count,
-                    at_call=found.at_call,
-                    at_round=found.at_round,
-                    backend=run.backend,
-                    model=run.model,
-                    task_type=run.task_type,
-                    agent=run.agent,
-                    evidence=found.evidence,
-                    hint=found.hint,
-                    ts=ts,
+    figures: list[dict[str, Any]] = []
+    positions: list[dict[str, Any]] = []
+    spans: dict[int, tuple[int, int, set[str]]] = {}  # run pk -> the seqs and actions to publish
+    for run in runs:
+        run_events, cursor = events[run.pk], cursors[run.pk]
+        state = None
+        if cursor.engine_state:
+            try:
+                state = RunState.from_dict(cursor.engine_state)
+            except (TypeError, ValueError, KeyError):
+                logger.warning("run %s: engine state unreadable, starting afresh", run.pk)
+        state = state or RunState()
+        engine = Engine(cache.config(run))
+        found: list[Detection] = []
+        first_loop_ts: datetime | None = None
+        for seq, _kind, ts, body in run_events:
+            for finding in engine.feed(state, body):
+                found.append(
+                    Detection(
+                        tenant_id=run.tenant_id,
+                        run_id=run.pk,
+                        seq=seq,
+                        kind=finding.kind,
+                        action=finding.action,
+                        signature=finding.signature,
+                        tool=finding.tool,
+                        count=finding.count,
+                        at_call=finding.at_call,
+                        at_round=finding.at_round,
+                        backend=run.backend,
+                        model=run.model,
+                        task_type=run.task_type,
+                        agent=run.agent,
+                        evidence=finding.evidence,
+                        hint=finding.hint,
+                        ts=ts,
+                    )
                 )
-            )
-            if found.action != "observe" and first_loop_ts is None:
-                first_loop_ts = ts
-    rows += found_elsewhere
-    if found_elsewhere and first_loop_ts is None:
-        first_loop_ts = found_elsewhere[0].ts
-    cursor.engine_state = state.to_dict()
-    figures: dict[str, Any] = {"last_progress_step": state.last_progress_step}
-    if rows:
-        Detection.objects.bulk_create(rows, ignore_conflicts=True)
-        figures["detections_count"] = Detection.objects.filter(run_id=run.pk).count()
-        figures["max_action"] = ACTIONS[state.max_action - 1] if state.max_action else ""
-    if first_loop_ts is not None:
-        figures["loop_flagged"] = True
-    figures.update(_loop_cost(run, events, rows))
-    Run.objects.filter(pk=run.pk).update(**figures)
-    if first_loop_ts is not None:
-        Run.objects.filter(pk=run.pk, first_loop_at__isnull=True).update(first_loop_at=first_loop_ts)
-    if state.terminated_by:
-        # What the engine concluded; the runtime's own run_finished, when it comes, says what happened.
-        Run.objects.filter(pk=run.pk, terminated_by="").update(
-            terminated_by=state.terminated_by, budget_type=state.budget_type
+                if finding.action != "observe" and first_loop_ts is None:
+                    first_loop_ts = ts
+        elsewhere = found_elsewhere.get(run.pk, [])
+        found += elsewhere
+        if elsewhere and first_loop_ts is None:
+            first_loop_ts = elsewhere[0].ts
+        rows += found
+        figure: dict[str, Any] = {"id": run.pk, "last_progress_step": state.last_progress_step}
+        if found:
+            figure["counted"] = True
+            figure["max_action"] = ACTIONS[state.max_action - 1] if state.max_action else ""
+        if first_loop_ts is not None:
+            figure["loop_flagged"] = True
+            figure["first_loop_at"] = first_loop_ts
+        first, burned = _loop_cost(run, run_events, found)
+        if first is not None:
+            figure["first_loop_seq"] = first
+            if burned:
+                figure["cost_after_loop_usd"] = burned
+        if state.terminated_by:
+            # What the engine concluded; the runtime's own run_finished, when it comes, says what happened.
+            figure["terminated_by"], figure["budget_type"] = state.terminated_by, state.budget_type
+        figures.append(figure)
+        positions.append(
+            {
+                "run_id": run.pk,
+                "position": run_events[-1][0],
+                "processed": cursor.processed + len(run_events),
+                "engine_state": state.to_dict(),
+            }
         )
-    interventions = [r for r in rows if r.action != "observe"]
-    if not interventions:
+        actions = {row.action for row in found if row.action != "observe"}
+        if actions:
+            spans[run.pk] = (run_events[0][0], run_events[-1][0], actions)
+    rows_insert(Detection, rows, ignore_conflicts=True)
+    _progress_save(figures, positions)
+    if not spans:
         return []
-    stored = Detection.objects.filter(
-        run_id=run.pk,
-        seq__gte=events[0][0],
-        seq__lte=events[-1][0],
-        action__in=[r.action for r in interventions],
-    ).order_by("pk")
-    return [alert_payload(detection, run=run) for detection in stored]
+    which = functools.reduce(
+        operator.or_,
+        (
+            models.Q(run_id=pk, seq__gte=low, seq__lte=high, action__in=sorted(actions))
+            for pk, (low, high, actions) in spans.items()
+        ),
+    )
+    stored: dict[int, list[Detection]] = defaultdict(list)
+    for detection in Detection.objects.filter(which).order_by("pk"):
+        stored[detection.run_id].append(detection)
+    return [
+        (run.tenant_id, alert_payload(detection, run=run)) for run in runs for detection in stored[run.pk]
+    ]
 
 
-def _loop_cost(run: Run, events: list[tuple[int, str, datetime, dict]], rows: list[Detection]) -> dict:
+def _loop_cost(run: Run, events: _Events, rows: list[Detection]) -> tuple[int | None, float]:
     """Money burned in a loop: the cost of the model rounds after the event that made the first
     intervention fire, whether it fired in this batch or an earlier one (the run's first_loop_seq).
-    Each round is counted once, as its batch goes by; _materialize has priced every round's body."""
+    Each round is counted once, as its batch goes by; _materialize has priced every round's body.
+    Returns (the seq of that event or None, the cost of this batch's rounds after it)."""
     first = min((row.seq for row in rows if row.action != Detection.Action.OBSERVE), default=None)
     if run.first_loop_seq is not None and (first is None or run.first_loop_seq < first):
         first = run.first_loop_seq
     if first is None:
-        return {}
+        return None, 0.0
     burned = math.fsum(
         body["cost_usd"] for seq, kind, _, body in events if kind == "model_round" and seq > first
     )
-    figures: dict[str, Any] = {"first_loop_seq": first}
-    if burned:
-        figures["cost_after_loop_usd"] = models.F("cost_after_loop_usd") + burned
-    return figures
+    return first, burned
+
+
+# PostgreSQL: the pass's cursors and run figures in one statement. The runs are locked in pk order
+# first, as ingest locks them (FOR NO KEY UPDATE: the pass's inserts hold KEY SHARE on them, which
+# that lock does not wait for), so a pass and a batch cannot deadlock. A figure absent from a run's
+# row keeps its stored value; first_loop_at and terminated_by are only set once.
+_PROGRESS_SQL = f"""
+WITH positions AS (
+    UPDATE {RunCursor._meta.db_table} AS c
+    SET position = v.position, processed = v.processed, engine_state = v.engine_state, updated_at = %s
+    FROM jsonb_to_recordset(%s::jsonb)
+        AS v(run_id bigint, position integer, processed integer, engine_state jsonb)
+    WHERE c.run_id = v.run_id
+), locked AS (
+    SELECT id FROM {Run._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE {Run._meta.db_table} AS r SET
+    last_progress_step = v.last_progress_step,
+    detections_count = CASE WHEN v.counted
+        THEN (SELECT count(*) FROM {Detection._meta.db_table} AS d WHERE d.run_id = r.id)
+        ELSE r.detections_count END,
+    max_action = COALESCE(v.max_action, r.max_action),
+    loop_flagged = r.loop_flagged OR COALESCE(v.loop_flagged, false),
+    first_loop_at = COALESCE(r.first_loop_at, v.first_loop_at),
+    first_loop_seq = COALESCE(v.first_loop_seq, r.first_loop_seq),
+    cost_after_loop_usd = r.cost_after_loop_usd + COALESCE(v.cost_after_loop_usd, 0),
+    terminated_by = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
+        THEN v.terminated_by ELSE r.terminated_by END,
+    budget_type = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
+        THEN v.budget_type ELSE r.budget_type END
+FROM jsonb_to_recordset(%s::jsonb) AS v(
+    id bigint, last_progress_step integer, counted boolean, max_action text, loop_flagged boolean,
+    first_loop_at timestamptz, first_loop_seq integer, cost_after_loop_usd double precision,
+    terminated_by text, budget_type text
+)
+WHERE r.id = v.id AND r.id IN (SELECT id FROM locked)
+"""
+
+
+def _progress_save(figures: list[dict[str, Any]], positions: list[dict[str, Any]]) -> None:
+    """Write the runs' figures (as _detect gathered them) and move their cursors."""
+    now = timezone.now()
+    if connection.vendor == "postgresql":
+        pks = sorted(figure["id"] for figure in figures)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _PROGRESS_SQL,
+                [now, orjson.dumps(positions).decode(), pks, orjson.dumps(figures).decode()],
+            )
+        return
+    for position in positions:
+        RunCursor.objects.filter(run_id=position["run_id"]).update(
+            position=position["position"],
+            processed=position["processed"],
+            engine_state=position["engine_state"],
+            updated_at=now,
+        )
+    for figure in figures:
+        pk = figure["id"]
+        values: dict[str, Any] = {"last_progress_step": figure["last_progress_step"]}
+        if figure.get("counted"):
+            values["detections_count"] = Detection.objects.filter(run_id=pk).count()
+            values["max_action"] = figure["max_action"]
+        if figure.get("loop_flagged"):
+            values["loop_flagged"] = True
+        if "first_loop_seq" in figure:
+            values["first_loop_seq"] = figure["first_loop_seq"]
+        if "cost_after_loop_usd" in figure:
+            values["cost_after_loop_usd"] = models.F("cost_after_loop_usd") + figure["cost_after_loop_usd"]
+        Run.objects.filter(pk=pk).update(**values)
+        if "first_loop_at" in figure:
+            Run.objects.filter(pk=pk, first_loop_at__isnull=True).update(
+                first_loop_at=figure["first_loop_at"]
+            )
+        if "terminated_by" in figure:
+            Run.objects.filter(pk=pk, terminated_by="").update(
+                terminated_by=figure["terminated_by"], budget_type=figure["budget_type"]
+            )
 
 
 def alert_payload(detection: Detection, *, run: Run) -> dict[str, Any]:
@@ -832,142 +1039,190 @@ def alert_payload(detection: Detection, *, run: Run) -> dict[str, Any]:
 
 def alerts_publish(*, tenant_id: int, alerts: list[dict]) -> None:
     """Send alerts to the tenant's Channels group. At most once: pages catch up from the database."""
+    alerts_publish_all(alerts=[(tenant_id, alert) for alert in alerts])
+
+
+def alerts_publish_all(*, alerts: list[tuple[int, dict]]) -> None:
+    """Send (tenant_id, alert) pairs to their tenants' groups, in order, from one event loop (one
+    connection to the channel layer for all of a pass's alerts). At most once, as alerts_publish."""
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or not alerts:
         return
+
+    async def send() -> None:
+        for tenant_id, alert in alerts:
+            await layer.group_send(alerts_group(tenant_id), {"type": ALERT_MESSAGE, "alert": alert})
+
     try:
-        for alert in alerts:
-            async_to_sync(layer.group_send)(alerts_group(tenant_id), {"type": ALERT_MESSAGE, "alert": alert})
+        async_to_sync(send)()
     except Exception:  # a broken channel layer must not undo stored detections
-        logger.exception("publishing %d alerts for tenant %s failed", len(alerts), tenant_id)
+        logger.exception("publishing %d alerts failed", len(alerts))
 
 
-def _materialize(run: Run, events: list[tuple[int, str, datetime, dict]]) -> list[Detection]:
-    run_pk = run.pk
-    result_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_result"}
-    call_ids = {body["call_id"] for _, kind, _, body in events if kind == "tool_call"}
-    # Unanswered calls stored earlier, oldest first: a stack per call_id (the newest answers first).
-    open_calls: dict[str, list[ToolCall]] = defaultdict(list)
-    for call in ToolCall.objects.filter(
-        run_id=run_pk, call_id__in=result_ids, result_seq__isnull=True
-    ).order_by("seq"):
-        open_calls[call.call_id].append(call)
-    # Results that came before their call, oldest first: a queue per call_id.
-    waiting: dict[str, list[PendingResult]] = defaultdict(list)
-    for pending in PendingResult.objects.filter(run_id=run_pk, call_id__in=call_ids).order_by("seq"):
-        waiting[pending.call_id].append(pending)
+def _materialize(
+    runs: list[Run], events: dict[int, _Events], cache: _PassCache
+) -> dict[int, list[Detection]]:
+    """Model rounds and tool calls of a pass's events, every run's together. Returns the duplicate
+    side effects the ledger found, by run pk."""
+    result_ids: dict[int, set[str]] = defaultdict(set)
+    call_ids: dict[int, set[str]] = defaultdict(set)
+    unpriced: set[tuple[str, str]] = set()
+    for run in runs:
+        for _, kind, _, body in events[run.pk]:
+            if kind == "tool_result":
+                result_ids[run.pk].add(body["call_id"])
+            elif kind == "tool_call":
+                call_ids[run.pk].add(body["call_id"])
+            elif kind == "model_round" and body.get("cost_usd") is None:
+                unpriced.add((run.backend, run.model))
+    if unpriced:
+        cache.load_prices(unpriced)
+    # Unanswered calls stored earlier, oldest first: a stack per (run, call_id) (the newest answers
+    # first). Read for all the runs' call_ids at once, then kept for the run that asks.
+    open_calls: dict[tuple[int, str], list[ToolCall]] = defaultdict(list)
+    if result_ids:
+        for call in ToolCall.objects.filter(
+            run_id__in=list(result_ids),
+            call_id__in=sorted(set().union(*result_ids.values())),
+            result_seq__isnull=True,
+        ).order_by("run_id", "seq"):
+            if call.call_id in result_ids[call.run_id]:
+                open_calls[(call.run_id, call.call_id)].append(call)
+    # Results that came before their call, oldest first: a queue per (run, call_id).
+    waiting: dict[tuple[int, str], list[PendingResult]] = defaultdict(list)
+    if call_ids:
+        for pending in PendingResult.objects.filter(
+            run_id__in=list(call_ids), call_id__in=sorted(set().union(*call_ids.values()))
+        ).order_by("run_id", "seq"):
+            if pending.call_id in call_ids[pending.run_id]:
+                waiting[(pending.run_id, pending.call_id)].append(pending)
 
     new_rounds: list[ModelRound] = []
     new_calls: list[ToolCall] = []
     answered: list[ToolCall] = []
     new_pending: list[PendingResult] = []
     consumed: list[int] = []
-    book: PriceBook | None = None
-    for seq, kind, ts, body in events:
-        if kind == "model_round":
-            cost = body.get("cost_usd")
-            if cost is None:
-                book = book or PriceBook({(run.backend, run.model)})
-                cost = book.price(run.backend, run.model).cost(
-                    body.get("input_tokens", 0), body.get("output_tokens", 0)
+    writes: list[tuple[Run, list[ToolCall], list[ToolCall]]] = []  # per run: new calls, answered
+    for run in runs:
+        run_pk = run.pk
+        run_calls: list[ToolCall] = []
+        run_answered: list[ToolCall] = []
+        for seq, kind, ts, body in events[run_pk]:
+            if kind == "model_round":
+                cost = body.get("cost_usd")
+                if cost is None:
+                    cost = cache.prices[(run.backend, run.model)].cost(
+                        body.get("input_tokens", 0), body.get("output_tokens", 0)
+                    )
+                new_rounds.append(
+                    ModelRound(
+                        run_id=run_pk,
+                        seq=seq,
+                        round=body["round"],
+                        ts=ts,
+                        input_tokens=body.get("input_tokens", 0),
+                        output_tokens=body.get("output_tokens", 0),
+                        cost_usd=cost,
+                        cost_computed="cost_usd" not in body,
+                        text=body.get("text", ""),
+                    )
                 )
-            new_rounds.append(
-                ModelRound(
+                body.setdefault("cost_usd", cost)  # detection counts the cost budget with it
+            elif kind == "tool_call":
+                call = ToolCall(
                     run_id=run_pk,
                     seq=seq,
                     round=body["round"],
+                    call_id=body["call_id"],
+                    tool=body["tool"],
+                    kind=body.get("kind", ToolCall.Kind.OTHER),
+                    args=body["args"],
+                    step_id=body.get("step_id", ""),
+                    operation_key=body.get("operation_key", ""),
                     ts=ts,
-                    input_tokens=body.get("input_tokens", 0),
-                    output_tokens=body.get("output_tokens", 0),
-                    cost_usd=cost,
-                    cost_computed="cost_usd" not in body,
-                    text=body.get("text", ""),
                 )
-            )
-            body.setdefault("cost_usd", cost)  # detection counts the cost budget with it
-        elif kind == "tool_call":
-            call = ToolCall(
-                run_id=run_pk,
-                seq=seq,
-                round=body["round"],
-                call_id=body["call_id"],
-                tool=body["tool"],
-                kind=body.get("kind", ToolCall.Kind.OTHER),
-                args=body["args"],
-                step_id=body.get("step_id", ""),
-                operation_key=body.get("operation_key", ""),
-                ts=ts,
-            )
-            new_calls.append(call)
-            queue = waiting.get(call.call_id)
-            if queue:
-                pending = queue.pop(0)
-                if pending.pk is not None:
-                    consumed.append(pending.pk)
+                run_calls.append(call)
+                queue = waiting.get((run_pk, call.call_id))
+                if queue:
+                    pending = queue.pop(0)
+                    if pending.pk is not None:
+                        consumed.append(pending.pk)
+                    else:
+                        new_pending.remove(pending)
+                    _result_join(call, pending.seq, pending.body)
                 else:
-                    new_pending.remove(pending)
-                _result_join(call, pending.seq, pending.body)
-            else:
-                open_calls[call.call_id].append(call)
-        elif kind == "tool_result":
-            stack = open_calls.get(body["call_id"])
-            if stack:
-                call = stack.pop()
-                _result_join(call, seq, body)
-                if call.pk is not None:
-                    answered.append(call)
-            else:
-                pending = PendingResult(run_id=run_pk, seq=seq, call_id=body["call_id"], body=body)
-                new_pending.append(pending)
-                waiting[pending.call_id].append(pending)
-    ModelRound.objects.bulk_create(new_rounds)
-    ToolCall.objects.bulk_create(new_calls)
-    if answered:
-        ToolCall.objects.bulk_update(answered, RESULT_FIELDS)
+                    open_calls[(run_pk, call.call_id)].append(call)
+            elif kind == "tool_result":
+                stack = open_calls.get((run_pk, body["call_id"]))
+                if stack:
+                    call = stack.pop()
+                    _result_join(call, seq, body)
+                    if call.pk is not None:
+                        run_answered.append(call)
+                else:
+                    pending = PendingResult(run_id=run_pk, seq=seq, call_id=body["call_id"], body=body)
+                    new_pending.append(pending)
+                    waiting[(run_pk, pending.call_id)].append(pending)
+        new_calls += run_calls
+        answered += run_answered
+        writes.append((run, run_calls, run_answered))
+    rows_insert(ModelRound, new_rounds)
+    rows_insert(ToolCall, new_calls)
+    rows_update(ToolCall, answered, RESULT_FIELDS)
     if consumed:
         PendingResult.objects.filter(pk__in=consumed).delete()
-    PendingResult.objects.bulk_create(new_pending)
-    return _ledger_feed(run, new_calls, answered)
+    rows_insert(PendingResult, new_pending)
+    return _ledger_feed(writes)
 
 
-def _ledger_feed(run: Run, new_calls: list[ToolCall], answered: list[ToolCall]) -> list[Detection]:
-    """Traced writes go into the ledger; a key executed a second time is a duplicate side effect."""
-    duplicates: list[Detection] = []
-    for call in new_calls:
-        if call.kind != ToolCall.Kind.WRITE:
+def _ledger_feed(writes: list[tuple[Run, list[ToolCall], list[ToolCall]]]) -> dict[int, list[Detection]]:
+    """Traced writes go into the ledger; a key executed a second time is a duplicate side effect.
+
+    writes: per run, in the pass's order, its new calls and the earlier calls answered now. The
+    ledger gets every run's steps in one call, in the order they were sent one at a time: a run's
+    starts, then its results.
+    """
+    steps: list[tuple[str, Run, ToolCall]] = []
+    for run, new_calls, answered in writes:
+        steps += [(TRACE_STARTED, run, call) for call in new_calls if call.kind == ToolCall.Kind.WRITE]
+        steps += [
+            (TRACE_FINISHED, run, call)
+            for call in [*new_calls, *answered]
+            if call.kind == ToolCall.Kind.WRITE and call.result_seq is not None
+        ]
+    duplicates: dict[int, list[Detection]] = defaultdict(list)
+    if not steps:
+        return duplicates
+    for (kind, run, call), evidence in zip(steps, trace_writes_record(steps=steps), strict=True):
+        if kind != TRACE_STARTED or evidence is None:
             continue
-        evidence = trace_write_started(run=run, call=call)
-        if evidence is not None:
-            duplicates.append(
-                Detection(
-                    tenant_id=run.tenant_id,
-                    run_id=run.pk,
-                    seq=call.seq,
-                    kind="duplicate_side_effect",
-                    action=Detection.Action.HANDOFF,
-                    signature=evidence["operation_key"][:64],
-                    tool=call.tool,
-                    count=evidence["executions"],
-                    at_round=call.round,
-                    backend=run.backend,
-                    model=run.model,
-                    task_type=run.task_type,
-                    agent=run.agent,
-                    evidence=evidence,
-                    hint=(
-                        f"{call.tool} ran again for operation {evidence['operation_key']} "
-                        f"(it was {evidence['previous_status']}): the effect may now exist twice. "
-                        "Check it downstream and compensate if needed."
-                    ),
-                    ts=call.ts,
-                )
+        duplicates[run.pk].append(
+            Detection(
+                tenant_id=run.tenant_id,
+                run_id=run.pk,
+                seq=call.seq,
+                kind="duplicate_side_effect",
+                action=Detection.Action.HANDOFF,
+                signature=evidence["operation_key"][:64],
+                tool=call.tool,
+                count=evidence["executions"],
+                at_round=call.round,
+                backend=run.backend,
+                model=run.model,
+                task_type=run.task_type,
+                agent=run.agent,
+                evidence=evidence,
+                hint=(
+                    f"{call.tool} ran again for operation {evidence['operation_key']} "
+                    f"(it was {evidence['previous_status']}): the effect may now exist twice. "
+                    "Check it downstream and compensate if needed."
+                ),
+                ts=call.ts,
             )
-    for call in [*new_calls, *answered]:
-        if call.kind == ToolCall.Kind.WRITE and call.result_seq is not None:
-            trace_write_finished(run=run, call=call)
+        )
     return duplicates
 
 

@@ -7,7 +7,7 @@ from django.db.models import F
 
 from ingest.events import TASK_DETECT_RUN, TASK_DETECT_RUNS
 from ingest.models import RunCursor
-from ingest.services import run_process
+from ingest.services import run_process, runs_process
 
 
 @shared_task(name=TASK_DETECT_RUN, soft_time_limit=120, time_limit=150)
@@ -18,8 +18,10 @@ def detect_run(run_pk: int) -> int:
 
 @shared_task(name=TASK_DETECT_RUNS, soft_time_limit=300, time_limit=330)
 def detect_runs(run_pks: list[int]) -> int:
-    """Process the runs one stored batch touched, each under its own cursor lock."""
-    return sum(run_process(run_pk=pk) for pk in run_pks)
+    """Process the runs one stored batch touched, together (a few queries for all of them). Runs
+    another task holds are taken last, once it has let them go: the two never wait on each other
+    for more than one pass."""
+    return runs_process(run_pks=run_pks, skip_locked=True)
 
 
 @shared_task(name="ingest.detect_sweep", soft_time_limit=60, time_limit=90)
