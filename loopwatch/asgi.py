@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 
 import django
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIHandler
-from django.db import close_old_connections
-from django.urls import set_urlconf
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse
+from django.http.response import HttpResponseBase
+from django.urls import set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
@@ -22,14 +26,17 @@ HTTP_THREADS = 8
 
 
 class SyncChainASGIHandler(ASGIHandler):
-    """Django's ASGI handler with middleware and view run as one synchronous call on a reused thread.
+    """Django's ASGI handler with a request served by one synchronous call on a reused thread.
 
-    Django's own handler, for every request, starts a thread of its own (ThreadSensitiveContext)
-    and runs each hook of the middleware that can do both in async mode, crossing between the event
-    loop and that thread a dozen times: on this 2-core machine, 4 of the 6.6 ms of CPU a bare 404
-    cost. Here the whole chain is one call on a thread of a fixed pool, which also closes what
-    request_started and request_finished would close, in the thread that used it. Every view here
-    is synchronous (DRF and the pages); WebSockets are Channels' and never come here.
+    Django's own handler, for every request, starts a thread of its own (ThreadSensitiveContext),
+    runs each hook of the middleware that can do both in async mode, crossing between the event
+    loop and that thread a dozen times, sends the request signals from the event loop and watches
+    for a disconnect with two more tasks: on this 2-core machine, more CPU than a small API view
+    itself. Here the event loop only reads the body and writes the answer; the request signals,
+    the middleware chain and the view run as one call on a thread of a fixed pool, where the
+    database connection is taken from the pool and given back (request_started/request_finished).
+    Every view here is synchronous (DRF and the pages), so a client that goes away cannot cancel
+    one anyway; WebSockets are Channels' and never come here.
     """
 
     def __init__(self) -> None:
@@ -38,33 +45,81 @@ class SyncChainASGIHandler(ASGIHandler):
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
-        chain = self._middleware_chain
-
-        def run(request):
-            close_old_connections()  # as request_started does, in this thread
-            try:
-                return chain(request)
-            finally:
-                close_old_connections()  # back to the pool: as request_finished does, in this thread
-
-        self._run_chain = run
-
-    async def get_response_async(self, request):
-        # BaseHandler.get_response_async, with the chain on the executor.
-        set_urlconf(settings.ROOT_URLCONF)
-        response = await sync_to_async(self._run_chain, thread_sensitive=False, executor=self._executor)(
-            request
-        )
-        response._resource_closers.append(request.close)
-        if response.status_code >= 400:
-            log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
-        return response
 
     async def __call__(self, scope, receive, send):
         # No ThreadSensitiveContext (a new thread per request): the work runs on the executor.
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         await self.handle(scope, receive, send)
+
+    async def handle(self, scope, receive, send):
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        loop = asyncio.get_running_loop()
+        response, start, body = await loop.run_in_executor(self._executor, self._respond, scope, body_file)
+        if body is not None:  # closed already, in the request's thread
+            await send(start)
+            await send({"type": "http.response.body", "body": body})
+            return
+        try:  # a streaming response (a file, say): chunk by chunk, then closed in a request thread
+            await send(start)
+            if response.is_async:
+                async with aclosing(aiter(response.streaming_content)) as content:
+                    async for part in content:
+                        await self._send_chunks(send, part)
+            else:  # a file or a generator: read in the pool's threads, never on the event loop
+                content = iter(response.streaming_content)
+                while (part := await loop.run_in_executor(self._executor, next, content, None)) is not None:
+                    await self._send_chunks(send, part)
+            await send({"type": "http.response.body"})
+        finally:
+            await loop.run_in_executor(self._executor, response.close)
+
+    async def _send_chunks(self, send, part: bytes) -> None:
+        for chunk, _ in self.chunk_bytes(part):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    def _respond(self, scope, body_file) -> tuple[HttpResponseBase, dict, bytes | None]:
+        """The request, start to end, in a thread of the pool: the response, its start message, and
+        its body when it is not streamed (the response is then closed: request_finished has run)."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)  # takes no connection yet
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            set_urlconf(settings.ROOT_URLCONF)
+            response = self._middleware_chain(request)
+            response._resource_closers.append(request.close)
+            if response.status_code >= 400:
+                log_response(
+                    "%s: %s", response.reason_phrase, request.path, response=response, request=request
+                )
+        response._handler_class = self.__class__
+        response._resource_closers.append(body_file.close)
+        if isinstance(response, FileResponse):
+            response.block_size = self.chunk_size
+        start = {"type": "http.response.start", "status": response.status_code, "headers": _headers(response)}
+        if response.streaming:
+            return response, start, None
+        body = response.content
+        response.close()  # request_finished: the connection goes back to the pool, from this thread
+        return response, start, body
+
+
+def _headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
+    # As ASGIHandler.send_response: header case kept (some clients need Content-Type), then cookies.
+    headers = [
+        (
+            header.encode("ascii") if isinstance(header, str) else bytes(header),
+            value.encode("latin1") if isinstance(value, str) else bytes(value),
+        )
+        for header, value in response.items()
+    ]
+    headers += [
+        (b"Set-Cookie", c.output(header="").encode("ascii").strip()) for c in response.cookies.values()
+    ]
+    return headers
 
 
 django.setup(set_prefix=False)
