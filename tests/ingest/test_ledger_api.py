@@ -195,3 +195,22 @@ def test_metrics_count_dedupe_hits_conflicts_and_contention(api, key, client, te
     settings.LOOPWATCH_METRICS_TOKEN = "s3cret"
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+def test_input_fields_are_copied_per_request_and_never_shared():
+    from ingest.api.operations import ClaimInput, CompleteInput
+
+    bad = ClaimInput(data={"tool": "t" * 201, "args": [], "worker_id": "w", "lease_s": 0})
+    assert not bad.is_valid()
+    assert set(bad.errors) == {"tool", "args", "lease_s"}
+    good = ClaimInput(data={"tool": "t", "args": {"a": 1}, "worker_id": "w"})
+    assert good.is_valid(), good.errors
+    assert good.validated_data == {"tool": "t", "args": {"a": 1}, "worker_id": "w", "lease_s": 60}
+    # Each instance bound copies; the declared fields stay unbound for the next request.
+    assert good.fields["tool"] is not bad.fields["tool"]
+    assert all(
+        f.field_name is None
+        for f in [*ClaimInput._declared_fields.values(), *CompleteInput._declared_fields.values()]
+    )
+    failed = CompleteInput(data={"worker_id": "w", "outcome": "lost"})
+    assert not failed.is_valid() and set(failed.errors) == {"outcome"}
