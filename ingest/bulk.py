@@ -1,4 +1,5 @@
-"""Set-based writes of model rows that the ORM offers only at a high CPU cost."""
+"""Set-based writes of model rows that the ORM offers only at a high CPU cost, and several
+statements sent in one round trip."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import functools
 from collections.abc import Sequence
 
 import orjson
+import psycopg
 from django.db import connection, models
 
 
@@ -22,9 +24,17 @@ def rows_update(model: type[models.Model], rows: Sequence[models.Model], names: 
     if connection.vendor != "postgresql":
         model.objects.bulk_update(rows, list(names))
         return
+    statements_run([update_statement(model, rows, names)])
+
+
+def update_statement(
+    model: type[models.Model], rows: Sequence[models.Model], names: Sequence[str]
+) -> Statement:
+    """rows_update's statement on PostgreSQL (for statements_run); None when there are no rows."""
+    if not rows:
+        return None
     fields = [model._meta.pk, *(model._meta.get_field(name) for name in names)]
-    with connection.cursor() as cursor:
-        cursor.execute(_update_sql(model, tuple(names)), [_values(rows, fields, add=False)])
+    return _update_sql(model, tuple(names)), [_values(rows, fields, add=False)]
 
 
 def rows_insert(
@@ -41,9 +51,48 @@ def rows_insert(
     if connection.vendor != "postgresql":
         model.objects.bulk_create(rows, ignore_conflicts=ignore_conflicts)
         return
-    fields = _insert_fields(model)
+    statements_run([insert_statement(model, rows, ignore_conflicts=ignore_conflicts)])
+
+
+def insert_statement(
+    model: type[models.Model], rows: Sequence[models.Model], *, ignore_conflicts: bool = False
+) -> Statement:
+    """rows_insert's statement on PostgreSQL (for statements_run); None when there are no rows."""
+    if not rows:
+        return None
+    return _insert_sql(model, ignore_conflicts), [_values(rows, _insert_fields(model), add=True)]
+
+
+Statement = tuple[str, list] | None  # (sql, params); None: nothing to run
+
+
+def statements_run(statements: Sequence[Statement]) -> list[list[tuple] | None]:
+    """Run the statements in order and return each one's rows (None for one without rows, or left
+    out as None), in one round trip to PostgreSQL.
+
+    With client-side binding (Django's default with psycopg 3) psycopg sends the statements, their
+    parameters merged in, as one simple query, and reads the results one after the other: a
+    detection pass went from 19 round trips to 9, and a round trip cost ~1 ms on the busy 2-core
+    machine. With server-side binding, or elsewhere, one execute per statement.
+    """
+    todo = [(i, statement) for i, statement in enumerate(statements) if statement is not None]
+    results: list[list[tuple] | None] = [None] * len(statements)
+    if not todo:
+        return results
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(model, ignore_conflicts), [_values(rows, fields, add=True)])
+        if len(todo) == 1 or not isinstance(cursor.cursor, psycopg.ClientCursor):
+            for i, (sql, params) in todo:
+                cursor.execute(sql, params)
+                results[i] = cursor.fetchall() if cursor.description else None
+            return results
+        cursor.execute(
+            ";\n".join(sql for _, (sql, _) in todo), [p for _, (_, params) in todo for p in params]
+        )
+        for n, (i, _) in enumerate(todo):
+            if n:
+                cursor.nextset()
+            results[i] = cursor.fetchall() if cursor.description else None
+    return results
 
 
 def _values(rows: Sequence[models.Model], fields: Sequence[models.Field], *, add: bool) -> str:

@@ -24,7 +24,7 @@ from django.db import connection, models, transaction
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from ingest.bulk import rows_insert, rows_update
+from ingest.bulk import insert_statement, statements_run, update_statement
 from ingest.detection import ACTIONS, Config, Engine, RunState
 from ingest.events import ALERT_MESSAGE, alerts_group
 from ingest.ledger import TRACE_FINISHED, TRACE_STARTED, trace_writes_record
@@ -507,20 +507,25 @@ def _db_value(field, value: Any) -> Any:
 class _PriceBook(PriceBook):
     """PriceBook's prices and markups in one query on PostgreSQL (two through the ORM)."""
 
-    def __init__(self, pairs: set[tuple[str, str]]) -> None:
+    SQL = (
+        f"SELECT b.name, b.markup, p.model, p.input_usd_per_mtok, p.output_usd_per_mtok "
+        f"FROM {Backend._meta.db_table} b LEFT JOIN {ModelPrice._meta.db_table} p "
+        "ON p.backend_id = b.id WHERE b.name = ANY(%s)"
+    )
+    # The same for the backends of these runs (a detection pass reads it beside its runs).
+    RUNS_SQL = SQL.replace("= ANY(%s)", f"IN (SELECT backend FROM {Run._meta.db_table} WHERE id = ANY(%s))")
+
+    def __init__(self, pairs: set[tuple[str, str]] | None = None, *, rows: list[tuple] | None = None) -> None:
         self._markup = {}
         self._prices = {}
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT b.name, b.markup, p.model, p.input_usd_per_mtok, p.output_usd_per_mtok "
-                f"FROM {Backend._meta.db_table} b LEFT JOIN {ModelPrice._meta.db_table} p "
-                "ON p.backend_id = b.id WHERE b.name = ANY(%s)",
-                [sorted({b for b, _ in pairs})],
-            )
-            for name, markup, model, input_price, output_price in cursor.fetchall():
-                self._markup[name] = float(markup)
-                if model is not None:
-                    self._prices[(name, model)] = (input_price, output_price)
+        if rows is None:
+            with connection.cursor() as cursor:
+                cursor.execute(self.SQL, [sorted({b for b, _ in pairs or ()})])
+                rows = cursor.fetchall()
+        for name, markup, model, input_price, output_price in rows:
+            self._markup[name] = float(markup)
+            if model is not None:
+                self._prices[(name, model)] = (input_price, output_price)
 
 
 def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
@@ -710,40 +715,39 @@ class _PassCache:
     """What one runs_process call reads once for all its passes: thresholds and tools per scope
     (so a change in the admin applies from the next task on), prices per (backend, model)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pairs: set[tuple[str, str]] | None = None) -> None:
+        self.pairs = pairs or set()
         self.configs: dict[Scope, Config] = {}
-        self.prices: dict[tuple[str, str], Price] = {}
+        self.book: PriceBook | None = None  # on PostgreSQL read with the first pass's runs
 
     def config(self, run: Run) -> Config:
         return self.configs[(run.tenant_id, run.backend, run.model, run.task_type)]
 
     def load_configs(self, runs: list[Run]) -> None:
+        self.pairs |= {(run.backend, run.model) for run in runs}
         missing = {
             (run.tenant_id, run.backend, run.model, run.task_type) for run in runs
         } - self.configs.keys()
         if missing:
             self.configs.update(configs_for(scopes=missing))
 
-    def load_prices(self, pairs: set[tuple[str, str]]) -> None:
-        missing = pairs - self.prices.keys()
-        if missing:
-            book = _PriceBook(missing) if connection.vendor == "postgresql" else PriceBook(missing)
-            self.prices.update((pair, book.price(*pair)) for pair in missing)
+    def price(self, backend: str, model: str) -> Price:
+        if self.book is None:  # elsewhere than PostgreSQL: the backends of all the task's runs
+            self.book = PriceBook(self.pairs)
+        return self.book.price(backend, model)
 
 
 def _runs_pass(
     order: list[int], chunk: int, skip_locked: bool, cache: _PassCache
 ) -> tuple[int, list[int], list[int]]:
     """One pass of runs_process: (events processed, runs with more to do, runs passed over)."""
+    limit = chunk if len(order) <= 1 else max(chunk // len(order), RUN_CHUNK_MIN)
     with transaction.atomic():
-        cursors = _cursors_lock(order, skip_locked)
+        cursors, events, found = _pass_read(order, limit, skip_locked, cache)
         skipped = [pk for pk in order if pk not in cursors] if skip_locked else []
-        limit = chunk if len(cursors) <= 1 else max(chunk // len(cursors), RUN_CHUNK_MIN)
-        events = _events_after(cursors, limit) if cursors else {}
-        if not events:
+        runs = [found[pk] for pk in order if pk in cursors and pk in events and pk in found]
+        if not runs:
             return 0, [], skipped
-        found = Run.objects.only(*RUN_FIELDS).in_bulk(list(events))
-        runs = [found[pk] for pk in order if pk in events and pk in found]
         cache.load_configs(runs)
         duplicates = _materialize(runs, events, cache)
         alerts = _detect(runs, cursors, events, duplicates, cache)
@@ -762,50 +766,73 @@ class _CursorRow:
     engine_state: dict | None
 
 
-# The engine state is the biggest value a pass reads: orjson decodes it several times faster than
-# the JSONField's json.loads (jsonb arrives as text).
+# PostgreSQL: the cursors locked in pk order (the engine state, the biggest value a pass reads, is
+# decoded by orjson, several times faster than the JSONField's json.loads: jsonb arrives as text),
+# then each run's next events after its cursor, `limit` at most, by the (run, seq) index (the
+# subquery takes the rows the first statement locked), then the runs.
 _CURSORS_LOCK_SQL = (
     f"SELECT run_id, position, processed, engine_state FROM {RunCursor._meta.db_table} "
-    "WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE"
+    "WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE{skip}"
 )
-
-
-def _cursors_lock(run_pks: list[int], skip_locked: bool) -> dict[int, _CursorRow | RunCursor]:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_CURSORS_LOCK_SQL + (" SKIP LOCKED" if skip_locked else ""), [run_pks])
-            rows = cursor.fetchall()
-        loads = orjson.loads
-        return {
-            pk: _CursorRow(position, processed, loads(state) if isinstance(state, str | bytes) else state)
-            for pk, position, processed, state in rows
-        }
-    cursors = RunCursor.objects.select_for_update().filter(run_id__in=run_pks).order_by("run_id")
-    return {cursor.run_id: cursor for cursor in cursors}
-
-
-# PostgreSQL: each run's next events after its cursor, `limit` at most, by the (run, seq) index.
 _EVENTS_AFTER_SQL = f"""
 SELECT c.run_id, e.seq, e.type, e.ts, e.body
-FROM unnest(%s::bigint[], %s::integer[]) AS c(run_id, position)
+FROM (
+    SELECT run_id, position FROM {RunCursor._meta.db_table}
+    WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE{{skip}}
+) AS c
 CROSS JOIN LATERAL (
     SELECT seq, type, ts, body FROM {Event._meta.db_table}
     WHERE run_id = c.run_id AND seq > c.position ORDER BY seq LIMIT %s
 ) AS e
 ORDER BY c.run_id, e.seq
 """
+# Columns in the model's field order, as Run.from_db() takes them.
+_RUN_COLUMNS = [f.attname for f in Run._meta.concrete_fields if f.attname in ("id", *RUN_FIELDS)]
+_RUNS_SQL = f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE id = ANY(%s)"
 
 
-def _events_after(cursors: dict[int, _CursorRow | RunCursor], limit: int) -> dict[int, _Events]:
-    """Each run's events after its cursor, in seq order, at most `limit` of each, in one query."""
+def _pass_read(
+    order: list[int], limit: int, skip_locked: bool, cache: _PassCache
+) -> tuple[dict[int, _CursorRow | RunCursor], dict[int, _Events], dict[int, Run]]:
+    """Lock the runs' cursors, read their events after them (at most `limit` each) and the runs:
+    ({run pk: cursor}, {run pk: events in seq order}, {run pk: run}). On PostgreSQL in one round
+    trip, with the prices of the runs' backends the first time."""
+    if connection.vendor != "postgresql":
+        cursors = {
+            cursor.run_id: cursor
+            for cursor in RunCursor.objects.select_for_update().filter(run_id__in=order).order_by("run_id")
+        }
+        events = _events_after(cursors, limit) if cursors else {}
+        return cursors, events, Run.objects.only(*RUN_FIELDS).in_bulk(list(events))
+    skip = " SKIP LOCKED" if skip_locked else ""
+    locked, rows, runs, prices = statements_run(
+        [
+            (_CURSORS_LOCK_SQL.format(skip=skip), [order]),
+            (_EVENTS_AFTER_SQL.format(skip=skip), [order, limit]),
+            (_RUNS_SQL, [order]),
+            None if cache.book is not None else (_PriceBook.RUNS_SQL, [order]),
+        ]
+    )
+    loads = orjson.loads
+    cursors = {
+        pk: _CursorRow(position, processed, loads(state) if isinstance(state, str | bytes) else state)
+        for pk, position, processed, state in locked or ()
+    }
+    events: dict[int, _Events] = defaultdict(list)
+    for run_pk, seq, kind, ts, body in rows or ():
+        # A run let go between the two statements is locked by the second only: left for later.
+        if run_pk in cursors:
+            events[run_pk].append((seq, kind, ts, loads(body) if isinstance(body, str | bytes) else body))
+
+    if prices is not None:
+        cache.book = _PriceBook(rows=prices)
+    return cursors, events, {row[0]: Run.from_db(connection.alias, _RUN_COLUMNS, row) for row in runs or ()}
+
+
+def _events_after(cursors: dict[int, RunCursor], limit: int) -> dict[int, _Events]:
+    """Each run's events after its cursor, in seq order, at most `limit` of each, in one query
+    (elsewhere than PostgreSQL)."""
     found: dict[int, _Events] = defaultdict(list)
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_EVENTS_AFTER_SQL, [list(cursors), [c.position for c in cursors.values()], limit])
-            loads = orjson.loads
-            for run_pk, seq, kind, ts, body in cursor.fetchall():
-                found[run_pk].append((seq, kind, ts, loads(body) if isinstance(body, str | bytes) else body))
-        return found
     after = functools.reduce(
         operator.or_, (models.Q(run_id=pk, seq__gt=c.position) for pk, c in cursors.items())
     )
@@ -924,8 +951,7 @@ def _detect(
         actions = {row.action for row in found if row.action != "observe"}
         if actions:
             spans[run.pk] = (run_events[0][0], run_events[-1][0], actions)
-    rows_insert(Detection, rows, ignore_conflicts=True)
-    _progress_save(figures, positions)
+    _progress_save(rows, figures, positions)
     if not spans:
         return []
     which = functools.reduce(
@@ -996,17 +1022,18 @@ WHERE r.id = v.id AND r.id IN (SELECT id FROM locked)
 """
 
 
-def _progress_save(figures: list[dict[str, Any]], positions: list[dict[str, Any]]) -> None:
-    """Write the runs' figures (as _detect gathered them) and move their cursors."""
+def _progress_save(
+    rows: list[Detection], figures: list[dict[str, Any]], positions: list[dict[str, Any]]
+) -> None:
+    """Store the detections (a run processed again stores none twice), write the runs' figures (as
+    _detect gathered them) and move their cursors; on PostgreSQL in one round trip."""
     now = timezone.now()
     if connection.vendor == "postgresql":
         pks = sorted(figure["id"] for figure in figures)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _PROGRESS_SQL,
-                [now, orjson.dumps(positions).decode(), pks, orjson.dumps(figures).decode()],
-            )
+        progress = [now, orjson.dumps(positions).decode(), pks, orjson.dumps(figures).decode()]
+        statements_run([insert_statement(Detection, rows, ignore_conflicts=True), (_PROGRESS_SQL, progress)])
         return
+    Detection.objects.bulk_create(rows, ignore_conflicts=True)
     for position in positions:
         RunCursor.objects.filter(run_id=position["run_id"]).update(
             position=position["position"],
@@ -1092,17 +1119,12 @@ def _materialize(
     side effects the ledger found, by run pk."""
     result_ids: dict[int, set[str]] = defaultdict(set)
     call_ids: dict[int, set[str]] = defaultdict(set)
-    unpriced: set[tuple[str, str]] = set()
     for run in runs:
         for _, kind, _, body in events[run.pk]:
             if kind == "tool_result":
                 result_ids[run.pk].add(body["call_id"])
             elif kind == "tool_call":
                 call_ids[run.pk].add(body["call_id"])
-            elif kind == "model_round" and body.get("cost_usd") is None:
-                unpriced.add((run.backend, run.model))
-    if unpriced:
-        cache.load_prices(unpriced)
     # Unanswered calls stored earlier, oldest first: a stack per (run, call_id) (the newest answers
     # first). Read for all the runs' call_ids at once, then kept for the run that asks.
     open_calls: dict[tuple[int, str], list[ToolCall]] = defaultdict(list)
@@ -1137,7 +1159,7 @@ def _materialize(
             if kind == "model_round":
                 cost = body.get("cost_usd")
                 if cost is None:
-                    cost = cache.prices[(run.backend, run.model)].cost(
+                    cost = cache.price(run.backend, run.model).cost(
                         body.get("input_tokens", 0), body.get("output_tokens", 0)
                     )
                 new_rounds.append(
@@ -1192,13 +1214,26 @@ def _materialize(
         new_calls += run_calls
         answered += run_answered
         writes.append((run, run_calls, run_answered))
-    rows_insert(ModelRound, new_rounds)
-    rows_insert(ToolCall, new_calls)
-    rows_update(ToolCall, answered, RESULT_FIELDS)
-    if consumed:
+    if connection.vendor == "postgresql":
+        statements_run(
+            [
+                insert_statement(ModelRound, new_rounds),
+                insert_statement(ToolCall, new_calls),
+                update_statement(ToolCall, answered, RESULT_FIELDS),
+                (_PENDING_DELETE_SQL, [consumed]) if consumed else None,
+                insert_statement(PendingResult, new_pending),
+            ]
+        )
+    else:
+        ModelRound.objects.bulk_create(new_rounds)
+        ToolCall.objects.bulk_create(new_calls)
+        ToolCall.objects.bulk_update(answered, RESULT_FIELDS)
         PendingResult.objects.filter(pk__in=consumed).delete()
-    rows_insert(PendingResult, new_pending)
+        PendingResult.objects.bulk_create(new_pending)
     return _ledger_feed(writes)
+
+
+_PENDING_DELETE_SQL = f"DELETE FROM {PendingResult._meta.db_table} WHERE id = ANY(%s)"
 
 
 def _ledger_feed(writes: list[tuple[Run, list[ToolCall], list[ToolCall]]]) -> dict[int, list[Detection]]:
