@@ -332,11 +332,19 @@ def _state(run: _RunView) -> RunState:
 
 
 def _pending_interventions(run: _RunView, tool: str) -> list[dict[str, Any]]:
-    """Interventions stored after the run's last tool_call that concern a call of `tool`."""
+    """Interventions stored after the run's last tool_call that concern a call of `tool`.
+
+    Not the corrections and handoffs a person has answered already (a resumed handoff): when the
+    runtime did not trace the call it was refused, the detection that asked for the person is still
+    after the last tool_call, and would send the run straight back to waiting. A terminate stored
+    meanwhile still stops it.
+    """
     last_call = ToolCall.objects.filter(run_id=run.pk).order_by("-seq").values("seq")[:1]
+    answered_at_seq = int(((run.handoff or {}).get("resolved") or {}).get("seq") or 0)
     rows = (
         Detection.objects.filter(run_id=run.pk, action__in=ACTIONS[CORRECT - 1 :])
         .exclude(kind__in=TEXT_KINDS)
+        .exclude(seq__lte=answered_at_seq, action__in=ACTIONS[CORRECT - 1 : HANDOFF])
         .alias(after=Coalesce(Subquery(last_call), 0))
         .filter(seq__gt=F("after"))
         .filter(Q(action__in=ACTIONS[HANDOFF - 1 :]) | Q(kind__in=RUN_WIDE_KINDS) | Q(tool=tool))
@@ -534,16 +542,27 @@ def _ledger_decide(answer: GuardAnswer, *, tenant: Tenant, run_id: str, call: Pr
         answer.hint = ledger["detail"]
 
 
-def run_handoff_resolve(*, run: Run, resume: bool, by: str, note: str = "") -> bool:
+def run_handoff_resolve(
+    *, run: Run, resume: bool, by: str, note: str = "", expected_at: str | None = None
+) -> bool:
     """A person's answer to a handoff. resume: the run goes on (checks decide again; the engine's
     counts carry on, so the same loop soon asks again). Otherwise it is stopped: status abandoned,
-    terminated_by user, and every check answers terminate. The answer is kept in Run.handoff.
+    terminated_by user, and every check answers terminate. The answer is kept in Run.handoff, with
+    the seq it was given at: interventions stored up to it were answered (_pending_interventions).
 
-    False when the run was not waiting (already answered, or finished meanwhile).
+    expected_at: the handoff's "at" the person was shown; a newer handoff of the run is not answered.
+    False when the run was not waiting (already answered, or finished meanwhile), or waits for
+    another handoff than expected_at.
     """
     answered = {
         **(run.handoff or {}),
-        "resolved": {"at": timezone.now().isoformat(), "by": by, "resume": resume, "note": note},
+        "resolved": {
+            "at": timezone.now().isoformat(),
+            "by": by,
+            "resume": resume,
+            "note": note,
+            "seq": run.events_count,
+        },
     }
     changes: dict[str, Any] = {"handoff": answered}
     if resume:
@@ -555,4 +574,7 @@ def run_handoff_resolve(*, run: Run, resume: bool, by: str, note: str = "") -> b
             reason=note or f"stopped by {by}",
             finished_at=timezone.now(),
         )
-    return bool(Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(**changes))
+    waiting = Run.objects.filter(pk=run.pk, status=Run.Status.WAITING)
+    if expected_at is not None:
+        waiting = waiting.filter(handoff__at=expected_at)
+    return bool(waiting.update(**changes))

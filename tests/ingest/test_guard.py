@@ -474,3 +474,29 @@ def test_a_person_stops_a_waiting_run(check, store, tenant):
     assert (run.status, run.terminated_by, run.reason) == ("abandoned", "user", "stopped by ann")
     answer = check(call(6, tool="get_order", args={"id": "o1"}))
     assert answer["decision"] == "terminate" and answer["diagnosis"]["terminated_by"] == "user"
+
+
+def test_a_resumed_run_is_not_handed_off_again_by_the_detection_already_answered(check, store, tenant):
+    from ingest.guard import run_handoff_resolve
+
+    bad = {"status": "error", "error_class": "not_found", "result": "no order o9"}
+    store([run_started(), *[e for n in range(1, 5) for e in ran(n, args={"id": "o9"}, **bad)]])
+    assert check(call(5, args={"id": "o9"}))["decision"] == "handoff"
+    # The runtime did not trace the refused call: the handoff detection is still after the last call.
+    run = Run.objects.get(tenant=tenant)
+    assert run_handoff_resolve(run=run, resume=True, by="ann", note="fixed") is True
+    assert Run.objects.get(pk=run.pk).handoff["resolved"]["seq"] == run.events_count
+    assert check(call(5, tool="get_order", args={"id": "o1"}))["decision"] == "allow"
+    assert Run.objects.get(pk=run.pk).status == Run.Status.RUNNING
+
+
+def test_an_answer_names_the_handoff_it_was_shown(check, store, tenant):
+    from ingest.guard import run_handoff_resolve
+
+    _handed_off(check, store)
+    run = Run.objects.get(tenant=tenant)
+    assert (
+        run_handoff_resolve(run=run, resume=False, by="ann", expected_at="2000-01-01T00:00:00+00:00") is False
+    )
+    assert Run.objects.get(pk=run.pk).status == Run.Status.WAITING
+    assert run_handoff_resolve(run=run, resume=False, by="ann", expected_at=run.handoff["at"]) is True
