@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import Q
 from django.utils import timezone
 
-from ingest.models import Operation
+from ingest.models import Operation, Run
 
 
 def nav(request) -> dict:
@@ -16,4 +16,6 @@ def nav(request) -> dict:
     open_ops = Operation.objects.filter(tenant__memberships__user=user).filter(
         Q(status=Operation.Status.UNKNOWN) | Q(status=Operation.Status.RUNNING, lease_expires_at__lt=now)
     )
-    return {"nav_queue_open": open_ops.count()}
+    # A second count rather than one sum: a run waiting blocks an agent now, a write does not.
+    waiting = Run.objects.filter(tenant__memberships__user=user, status=Run.Status.WAITING)
+    return {"nav_queue_open": open_ops.count(), "nav_runs_waiting": waiting.count()}

@@ -1,4 +1,5 @@
-"""Reads for the operator queue: writes whose outcome nobody knows yet, of the user's tenants."""
+"""Reads for the operator queue: writes whose outcome nobody knows yet, and runs waiting for a
+person (the guard's handoff), of the user's tenants."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboards.models import Membership
-from ingest.models import Operation, Reconciler, Tenant
+from ingest.models import Operation, Reconciler, Run, Tenant
 
 S = Operation.Status
 QUEUE_LIMIT = 500  # rows on one page: past this the filters narrow it, the total is still shown
@@ -57,6 +59,24 @@ def queue_operations(*, user, filters: QueueFilters, now: datetime | None = None
         qs.select_related("tenant", "run")
         .annotate(open_since=Coalesce("unknown_since", "lease_expires_at", "created_at"))
         .order_by("open_since", "pk")
+    )
+
+
+def queue_waiting_runs(*, user, filters: QueueFilters) -> QuerySet[Run]:
+    """Runs of the user's tenants waiting for a person, the longest waiting first.
+
+    The tenant and the search (by run id) filter them; tool and *needs a person* are the writes'.
+    """
+    qs = Run.objects.filter(status=Run.Status.WAITING, tenant__memberships__user=user)
+    if filters.tenant:
+        qs = qs.filter(tenant__slug=filters.tenant)
+    if filters.q:
+        qs = qs.filter(run_id__icontains=filters.q)
+    # handoff.at is the guard's timezone.now().isoformat(): always UTC, so text order is time order.
+    return (
+        qs.select_related("tenant")
+        .annotate(waiting_since=KT("handoff__at"))
+        .order_by("waiting_since", "last_event_at", "pk")
     )
 
 

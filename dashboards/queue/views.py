@@ -1,4 +1,5 @@
-"""The operator queue: open writes of the user's tenants and the decisions on them."""
+"""The operator queue: runs waiting for a person and open writes of the user's tenants, and the
+decisions on the writes (a run is answered on its own page, dashboards.runs.views.detail)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from dashboards.queue.selectors import (
     queue_operation_get,
     queue_operations,
     queue_tools,
+    queue_waiting_runs,
     user_tenants_with_roles,
 )
 from dashboards.queue.services import queue_decide
+from dashboards.runs.selectors import run_handoff_view
 from ingest.ledger import AlreadyResolved, TransitionRefused
 
 DECIDERS = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
@@ -57,12 +60,17 @@ def index(request):
         }
         for op in qs[:QUEUE_LIMIT]
     ]
+    waiting_qs = queue_waiting_runs(user=request.user, filters=filters)
+    waiting_total = waiting_qs.count()
+    waiting = [(run, run_handoff_view(run.handoff)) for run in waiting_qs[:QUEUE_LIMIT]]
     return render(
         request,
         "dashboards/queue/index.html",
         {
             "rows": rows,
             "total": total,
+            "waiting": waiting,
+            "waiting_total": waiting_total,
             "needs_person": needs_person,
             "refresh": QUEUE_REFRESH_S,
             "limit": QUEUE_LIMIT,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -260,3 +261,67 @@ def run_operations(*, run: Run) -> list[Operation]:
 def run_detections(*, run: Run) -> list[Detection]:
     """Every detection of the run, for the summary above the timeline (with links into it)."""
     return list(Detection.objects.filter(run=run).order_by("seq", "pk").defer("evidence")[:500])
+
+
+# --- a run waiting for a person ---------------------------------------------------------------
+
+
+def handoff_time(value: Any) -> datetime | None:
+    """A timestamp of Run.handoff (ISO text) as a datetime in UTC; None when absent or unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class HandoffView:
+    """What a page shows of Run.handoff: why the run asked, since when, and the answer if any."""
+
+    at: datetime | None
+    kind: str
+    tool: str
+    count: int
+    hint: str
+    proposed: str  # the call the guard was asked about, compact
+    shown_at: str  # handoff.at as stored: the answer form sends it back
+    answered_by: str = ""
+    answered_at: datetime | None = None
+    resumed: bool = False
+    note: str = ""
+
+    @property
+    def answered(self) -> bool:
+        return bool(self.answered_by)
+
+    @property
+    def reason(self) -> str:
+        head = f"{self.kind} ({self.tool}, {self.count} times)" if self.tool and self.count else self.kind
+        return f"{head}: {self.hint}" if head and self.hint else head or self.hint
+
+
+def run_handoff_view(handoff: Any) -> HandoffView | None:
+    if not isinstance(handoff, dict):
+        return None
+    resolved = handoff.get("resolved") if isinstance(handoff.get("resolved"), dict) else {}
+    proposed = handoff.get("proposed")
+    proposed_text = ""
+    if isinstance(proposed, dict) and proposed.get("tool"):
+        proposed_text = f"{proposed['tool']}({_compact(proposed.get('args', {}))})"
+    count = handoff.get("count")
+    return HandoffView(
+        at=handoff_time(handoff.get("at")),
+        kind=str(handoff.get("kind") or ""),
+        tool=str(handoff.get("tool") or ""),
+        count=count if isinstance(count, int) else 0,
+        hint=str(handoff.get("hint") or ""),
+        proposed=proposed_text,
+        shown_at=str(handoff.get("at") or ""),
+        answered_by=str(resolved.get("by") or ""),
+        answered_at=handoff_time(resolved.get("at")),
+        resumed=bool(resolved.get("resume")),
+        note=str(resolved.get("note") or ""),
+    )

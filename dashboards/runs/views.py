@@ -1,16 +1,23 @@
-"""The runs pages: search and recent runs; one run's detail with its timeline."""
+"""The runs pages: search and recent runs; one run's detail with its timeline, where a person
+answers a run that waits for one."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboards.alerts.selectors import user_tenant_ids
+from dashboards.models import Membership
+from dashboards.queue.forms import named_errors
+from dashboards.queue.selectors import membership_role
+from dashboards.runs.forms import ANSWERS, HandoffAnswerForm
 from dashboards.runs.selectors import (
     LONG_VALUE_CHARS,
     RUN_STATUSES,
@@ -18,15 +25,19 @@ from dashboards.runs.selectors import (
     run_budget_use,
     run_detections,
     run_for_user,
+    run_handoff_view,
     run_operations,
     run_recent,
     run_search,
     run_timeline,
     timeline_start_for,
 )
+from dashboards.runs.services import HandoffNotWaiting, run_handoff_answer
+from ingest.models import Run
 from ingest.selectors import detection_config
 
 MAX_PAGE = 10_000
+ANSWERERS = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
 
 
 class BadParameter(ValueError):
@@ -55,6 +66,8 @@ def _handoff_items(handoff: Any) -> list[tuple[str, str, bool]]:
     parts = handoff.items() if isinstance(handoff, dict) else [("handoff", handoff)]
     out = []
     for name, value in parts:
+        if name == "resolved":  # shown as the answer, above the summary
+            continue
         if isinstance(value, dict | list):
             out.append((str(name), orjson.dumps(value, option=orjson.OPT_INDENT_2).decode(), True))
         else:
@@ -91,11 +104,35 @@ def index(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_http_methods(["GET", "POST"])
 def detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = run_for_user(user=request.user, pk=pk)
     if run is None:
         raise Http404("no such run")
+    role = membership_role(user=request.user, tenant_id=run.tenant_id)
+    can_answer = role in ANSWERERS
+    form = None
+    status = 200
+    if request.method == "POST":
+        if not can_answer:
+            raise PermissionDenied("operators and admins answer a run waiting for a person")
+        form = HandoffAnswerForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                answered = run_handoff_answer(
+                    run=run,
+                    user=request.user,
+                    resume=data["answer"] == "resume",
+                    note=data["note"],
+                    shown_at=data["shown_at"],
+                )
+            except HandoffNotWaiting as exc:
+                messages.warning(request, f"Nothing done: {exc}.")
+            else:
+                messages.success(request, answered.message)
+            return redirect("runs:detail", pk=run.pk)
+        status = 400
     try:
         seq = _int(request.GET, "seq", default=None)
         start = _int(request.GET, "from", default=None)
@@ -117,5 +154,13 @@ def detail(request: HttpRequest, pk: int) -> HttpResponse:
             "page_size": TIMELINE_EVENTS,
             "long": LONG_VALUE_CHARS,
             "handoff_items": _handoff_items(run.handoff),
+            "handoff": run_handoff_view(run.handoff),
+            "waiting": run.status == Run.Status.WAITING,
+            "role": role,
+            "can_answer": can_answer,
+            "form": form,
+            "errors": named_errors(form) if form is not None else [],
+            "answers": [(key, label, what) for key, (label, what) in ANSWERS.items()],
         },
+        status=status,
     )
