@@ -951,19 +951,23 @@ def _detect(
         actions = {row.action for row in found if row.action != "observe"}
         if actions:
             spans[run.pk] = (run_events[0][0], run_events[-1][0], actions)
-    _progress_save(rows, figures, positions)
-    if not spans:
-        return []
-    which = functools.reduce(
-        operator.or_,
-        (
-            models.Q(run_id=pk, seq__gte=low, seq__lte=high, action__in=sorted(actions))
-            for pk, (low, high, actions) in spans.items()
-        ),
-    )
+    published = None
+    if spans:
+        # The interventions to publish as stored (with their pks; those stored by an earlier pass
+        # over the same events too), read after the INSERT.
+        which = functools.reduce(
+            operator.or_,
+            (
+                models.Q(run_id=pk, seq__gte=low, seq__lte=high, action__in=sorted(actions))
+                for pk, (low, high, actions) in spans.items()
+            ),
+        )
+        published = Detection.objects.filter(which).order_by("pk")
     stored: dict[int, list[Detection]] = defaultdict(list)
-    for detection in Detection.objects.filter(which).order_by("pk"):
+    for detection in _progress_save(rows, figures, positions, published):
         stored[detection.run_id].append(detection)
+    if not stored:
+        return []
     return [
         (run.tenant_id, alert_payload(detection, run=run)) for run in runs for detection in stored[run.pk]
     ]
@@ -1023,16 +1027,31 @@ WHERE r.id = v.id AND r.id IN (SELECT id FROM locked)
 
 
 def _progress_save(
-    rows: list[Detection], figures: list[dict[str, Any]], positions: list[dict[str, Any]]
-) -> None:
+    rows: list[Detection],
+    figures: list[dict[str, Any]],
+    positions: list[dict[str, Any]],
+    published: models.QuerySet[Detection] | None,
+) -> list[Detection]:
     """Store the detections (a run processed again stores none twice), write the runs' figures (as
-    _detect gathered them) and move their cursors; on PostgreSQL in one round trip."""
+    _detect gathered them), move their cursors, then read the `published` detections; on
+    PostgreSQL in one round trip."""
     now = timezone.now()
     if connection.vendor == "postgresql":
         pks = sorted(figure["id"] for figure in figures)
         progress = [now, orjson.dumps(positions).decode(), pks, orjson.dumps(figures).decode()]
-        statements_run([insert_statement(Detection, rows, ignore_conflicts=True), (_PROGRESS_SQL, progress)])
-        return
+        *_, found = statements_run(
+            [
+                insert_statement(Detection, rows, ignore_conflicts=True),
+                (_PROGRESS_SQL, progress),
+                published.query.sql_with_params() if published is not None else None,
+            ]
+        )
+        names = [f.attname for f in Detection._meta.concrete_fields]
+        stored = [Detection.from_db(connection.alias, names, row) for row in found or ()]
+        for detection in stored:  # jsonb arrives as text
+            if isinstance(detection.evidence, str):
+                detection.evidence = orjson.loads(detection.evidence)
+        return stored
     Detection.objects.bulk_create(rows, ignore_conflicts=True)
     for position in positions:
         RunCursor.objects.filter(run_id=position["run_id"]).update(
@@ -1062,6 +1081,7 @@ def _progress_save(
             Run.objects.filter(pk=pk, terminated_by="").update(
                 terminated_by=figure["terminated_by"], budget_type=figure["budget_type"]
             )
+    return list(published) if published is not None else []
 
 
 def alert_payload(detection: Detection, *, run: Run) -> dict[str, Any]:
