@@ -15,7 +15,9 @@ from loopwatch.asgi import django_asgi_app
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _request(method: str, path: str, body: bytes = b"", headers: list | None = None) -> tuple[int, dict, bytes]:
+def _request(
+    method: str, path: str, body: bytes = b"", headers: list | None = None
+) -> tuple[int, dict, bytes]:
     """One request through the handler; the status, the headers and the body as the server got them."""
     scope = {
         "type": "http",
