@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -456,6 +456,15 @@ LIMIT %s
 """
 
 
+def _utc(value: datetime | str | None) -> datetime | None:
+    """A timestamp of a raw row: aware from PostgreSQL; naive UTC (or text) from the embedded SQLite."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 def _reusable(
     run: _RunView, engine: Engine, call: ProposedCall, identity: tuple[str, str], now: datetime
 ) -> dict[str, Any] | None:
@@ -485,7 +494,13 @@ def _reusable(
         return None
     # Results stay JSON text until needed (jsonb arrives as text): only these two are decoded.
     latest, earlier = (
-        {"seq": r[0], "call_id": r[8], "result": _json(r[9]), "result_sha256": r[10], "result_ts": r[11]}
+        {
+            "seq": r[0],
+            "call_id": r[8],
+            "result": _json(r[9]),
+            "result_sha256": r[10],
+            "result_ts": _utc(r[11]),
+        }
         for r in same
     )
     if result_digest_of(latest) != result_digest_of(earlier):
