@@ -12,6 +12,7 @@ import os
 import secrets
 import struct
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ from ingest.models import (
     Tenant,
     ToolCall,
 )
+from ingest.pending import TAKE, TASK_BUDGET_S, pending_add, pending_count, pending_take, pending_unqueue
 from ingest.pricing import Price, PriceBook
 from ingest.schema import EventError, find_nul, parse_ts, validate_event
 from ingest.selectors import Scope, configs_for
@@ -184,7 +186,7 @@ def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) ->
     runs_touched: list[int] = []
     if valid:
         runs_touched = _store_atomic(tenant, valid, verdicts)
-        transaction.on_commit(lambda: _enqueue_detection(runs_touched), robust=True)
+        transaction.on_commit(lambda: detection_enqueue(runs_touched), robust=True)
     return IngestResult(verdicts=[v for v in verdicts if v is not None], runs_touched=runs_touched)
 
 
@@ -623,21 +625,51 @@ def _events_insert(tenant_pk: int, rows: list[tuple]) -> None:
     )
 
 
-def _enqueue_detection(run_pks: list[int]) -> None:
-    """detect_runs.delay(run_pks).
+def detection_enqueue(run_pks: list[int]) -> None:
+    """Queue detection for the runs a batch touched: they join the runs waiting in Redis, and a
+    detect_pending task is queued when none is (ingest.pending says why).
 
-    One message per batch, not per run: a broker round trip per run was a fifth of a batch's time.
     With a broker, the message is sent from one long-lived thread per process (and waited for):
     under ASGI each request runs in a new thread, and Celery builds its result backend once per
     thread, a quarter of the CPU of a send. Eager (no broker), the task runs here, in the request's
-    thread.
+    thread, for these runs.
     """
-    from ingest.tasks import detect_runs
+    from ingest.tasks import detect_pending, detect_runs
 
     if detect_runs.app.conf.task_always_eager:
-        detect_runs.delay(run_pks)
+        if run_pks:
+            detect_runs.delay(run_pks)
         return
-    _publisher().submit(detect_runs.delay, run_pks).result()
+    if not pending_add(run_pks):
+        return  # a task is queued and will take them
+    try:
+        _publisher().submit(detect_pending.delay).result()
+    except Exception:
+        pending_unqueue()  # the next batch queues one; detect_sweep finds these runs meanwhile
+        raise
+
+
+def runs_pending_process(*, budget_s: float = TASK_BUDGET_S, take: int = TAKE) -> int:
+    """The detect_pending task: take the runs waiting in Redis and process them, pass after pass,
+    until none is left or `budget_s` has passed; then queue the next task if runs are left.
+
+    Runs taken by a pass that fails go back into the set before the error goes on.
+    """
+    started = time.monotonic()
+    total = 0
+    run_pks = pending_take(limit=take, starting=True)
+    while run_pks:
+        try:
+            total += runs_process(run_pks=run_pks, skip_locked=True)
+        except BaseException:
+            detection_enqueue(run_pks)
+            raise
+        if time.monotonic() - started > budget_s:
+            if pending_count():
+                detection_enqueue([])
+            break
+        run_pks = pending_take(limit=take)
+    return total
 
 
 _publisher_pool: ThreadPoolExecutor | None = None

@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import shared_task
 from django.db.models import F
 
-from ingest.events import TASK_DETECT_RUN, TASK_DETECT_RUNS
+from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUN, TASK_DETECT_RUNS
 from ingest.models import RunCursor
-from ingest.services import run_process, runs_process
+from ingest.services import detection_enqueue, run_process, runs_pending_process, runs_process
 
 
 @shared_task(name=TASK_DETECT_RUN, soft_time_limit=120, time_limit=150)
@@ -24,14 +24,21 @@ def detect_runs(run_pks: list[int]) -> int:
     return runs_process(run_pks=run_pks, skip_locked=True)
 
 
+@shared_task(name=TASK_DETECT_PENDING, soft_time_limit=120, time_limit=150)
+def detect_pending() -> int:
+    """Process the runs waiting in Redis (ingest.pending), pass after pass. Harmless when delivered
+    twice or when another task took the runs first: it finds fewer, or none."""
+    return runs_pending_process()
+
+
 @shared_task(name="ingest.detect_sweep", soft_time_limit=60, time_limit=90)
 def detect_sweep(limit: int = 500) -> int:
     """Re-queue runs whose cursor lags their events (a lost enqueue: broker down at commit time)."""
     lagging = list(
         RunCursor.objects.filter(position__lt=F("run__events_count")).values_list("run_id", flat=True)[:limit]
     )
-    for pk in lagging:
-        detect_run.delay(pk)
+    if lagging:
+        detection_enqueue(lagging)
     return len(lagging)
 
 

@@ -1,0 +1,113 @@
+"""Runs waiting for detection in Redis (ingest.pending): a burst of batches queues one task, and
+one task takes every run that came meanwhile — on the real Redis broker and PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+
+from ingest.models import RunCursor
+from ingest.pending import pending_count
+from ingest.services import events_ingest, runs_pending_process
+from ingest.tasks import detect_pending
+from loopwatch.celery import app
+from tests.ingest.events import model_round, run_started, tool_call, tool_result
+
+pytestmark = [pytest.mark.real_workers, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def broker(needs_redis, needs_postgres):
+    """Tasks go to the real broker, on a queue of this test's own; its Redis keys go afterwards."""
+    queue = f"test-pending-{uuid.uuid4().hex[:8]}"
+    previous = app.conf.task_default_queue, app.conf.task_always_eager
+    app.conf.task_default_queue, app.conf.task_always_eager = queue, False
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        yield client, queue
+    finally:
+        app.conf.task_default_queue, app.conf.task_always_eager = previous
+        client.delete(queue, f"loopwatch:{queue}:detect:pending", f"loopwatch:{queue}:detect:queued")
+
+
+def _batch(run: str, n: int) -> list[dict]:
+    events = [run_started(run)] if n == 0 else []
+    return [
+        *events,
+        model_round(run, n=n + 1),
+        tool_call(run, "c", n=n + 1, args={"n": n}),
+        tool_result(run, "c", n=n + 1, result={"n": n}),
+    ]
+
+
+def _ingest(tenant, runs: int, batches: int) -> None:
+    for n in range(batches):
+        for r in range(runs):
+            events_ingest(tenant=tenant, events=_batch(f"run-{r}", n), max_event_bytes=1 << 20)
+
+
+def _behind(tenant) -> list[RunCursor]:
+    return [
+        c
+        for c in RunCursor.objects.filter(run__tenant=tenant).select_related("run")
+        if c.position < c.run.events_count
+    ]
+
+
+def test_a_burst_of_batches_queues_one_task_that_takes_every_run(broker, tenant):
+    client, queue = broker
+    _ingest(tenant, runs=8, batches=5)  # 40 batches, each committed: 40 enqueues
+    assert client.llen(queue) == 1, "one task queued for the whole burst"
+    assert pending_count() == 8
+    assert len(_behind(tenant)) == 8
+
+    processed = detect_pending()  # the task, run here as the worker would
+    assert processed == 8 * (1 + 5 * 3)
+    assert _behind(tenant) == [] and pending_count() == 0
+
+    # The task cleared the flag when it started: the next batch queues a task of its own.
+    events_ingest(tenant=tenant, events=_batch("run-0", 5), max_event_bytes=1 << 20)
+    assert client.llen(queue) == 2 and pending_count() == 1
+
+
+def test_a_task_out_of_time_leaves_the_rest_queued_for_the_next(broker, tenant):
+    client, queue = broker
+    _ingest(tenant, runs=10, batches=1)
+    client.delete(queue)
+    processed = runs_pending_process(budget_s=0, take=3)  # one pass of 3 runs, then out of time
+    assert processed == 3 * 4
+    assert pending_count() == 7 and len(_behind(tenant)) == 7
+    assert client.llen(queue) == 1, "the rest must have a task queued"
+    assert runs_pending_process() == 7 * 4
+    assert _behind(tenant) == [] and pending_count() == 0
+
+
+def test_runs_of_a_failed_pass_go_back_and_a_task_is_queued(broker, tenant, monkeypatch):
+    client, queue = broker
+    _ingest(tenant, runs=4, batches=1)
+    client.delete(queue)
+
+    def broken(**kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr("ingest.services.runs_process", broken)
+    with pytest.raises(RuntimeError):
+        runs_pending_process()
+    assert pending_count() == 4 and client.llen(queue) == 1
+    monkeypatch.undo()
+    assert runs_pending_process() == 4 * 4 and _behind(tenant) == []
+
+
+def test_the_sweep_queues_lagging_runs_through_the_same_set(broker, tenant):
+    from ingest.tasks import detect_sweep
+
+    client, queue = broker
+    _ingest(tenant, runs=3, batches=2)
+    client.delete(queue, f"loopwatch:{queue}:detect:pending", f"loopwatch:{queue}:detect:queued")  # lost
+    assert detect_sweep() == 3
+    assert pending_count() == 3 and client.llen(queue) == 1
+    detect_pending()
+    assert _behind(tenant) == []
