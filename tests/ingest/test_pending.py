@@ -111,3 +111,30 @@ def test_the_sweep_queues_lagging_runs_through_the_same_set(broker, tenant):
     assert pending_count() == 3 and client.llen(queue) == 1
     detect_pending()
     assert _behind(tenant) == []
+
+
+def test_with_redis_down_a_batch_is_stored_and_the_sweep_queues_it_later(
+    broker, tenant, make_key, client, monkeypatch
+):
+    import orjson
+
+    from ingest import pending
+    from ingest.tasks import detect_sweep
+
+    monkeypatch.setattr(pending, "_client", None)
+    monkeypatch.setattr(settings, "REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    response = client.post(
+        "/api/v1/events",
+        orjson.dumps(_batch("run-down", 0)),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {make_key(tenant)}",
+    )
+    assert response.status_code == 200
+    assert [v["status"] for v in response.json()["results"]] == ["accepted"] * 4
+    assert len(_behind(tenant)) == 1  # stored, not processed: its enqueue failed after the commit
+
+    monkeypatch.undo()  # Redis is back
+    pending._client = None
+    assert detect_sweep() == 1 and pending_count() == 1
+    detect_pending()
+    assert _behind(tenant) == []
