@@ -404,6 +404,9 @@ def _terminated(answer: GuardAnswer, run: _RunView, state: RunState) -> GuardAns
     return answer
 
 
+EARLIER_HANDOFFS = 10  # answered handoffs a run keeps (the row stays small)
+
+
 def _handoff_mark(
     run: _RunView, detection: dict[str, Any], call: ProposedCall, kind: str, now: datetime
 ) -> dict[str, Any]:
@@ -440,6 +443,9 @@ def _handoff_mark(
             "last_progress_step": run.last_progress_step,
         },
     }
+    if run.handoff:  # asked before and answered: that handoff and its answer stay, newest first
+        previous = {key: value for key, value in run.handoff.items() if key != "earlier"}
+        summary["earlier"] = [previous, *run.handoff.get("earlier", [])][:EARLIER_HANDOFFS]
     Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
         status=Run.Status.WAITING, handoff=summary
     )

@@ -500,3 +500,20 @@ def test_an_answer_names_the_handoff_it_was_shown(check, store, tenant):
     )
     assert Run.objects.get(pk=run.pk).status == Run.Status.WAITING
     assert run_handoff_resolve(run=run, resume=False, by="ann", expected_at=run.handoff["at"]) is True
+
+
+def test_a_run_that_asks_again_keeps_the_earlier_handoff_and_its_answer(check, store, tenant):
+    from ingest.guard import run_handoff_resolve
+
+    _handed_off(check, store)
+    run = Run.objects.get(tenant=tenant)
+    assert run_handoff_resolve(run=run, resume=True, by="ann", note="the order exists now") is True
+    # Another tool fails again and again: a second handoff.
+    bad = {"status": "error", "error_class": "not_found", "result": "no customer c9"}
+    store([e for n in range(6, 10) for e in ran(n, tool="get_customer", args={"id": "c9"}, **bad)])
+    assert check(call(10, tool="get_customer", args={"id": "c9"}))["decision"] == "handoff"
+    handoff = Run.objects.get(pk=run.pk).handoff
+    assert handoff["tool"] == "get_customer" and "resolved" not in handoff
+    assert [(h["tool"], h["resolved"]["by"], h["resolved"]["note"]) for h in handoff["earlier"]] == [
+        ("search_orders", "ann", "the order exists now")
+    ]
