@@ -599,3 +599,37 @@ def run_handoff_resolve(
     if expected_at is not None:
         waiting = waiting.filter(handoff__at=expected_at)
     return bool(waiting.update(**changes))
+
+
+class HandoffRefused(Exception):
+    """An answer that changed nothing, and why: `reason` is already_answered (with who, when and
+    whether they resumed), asked_again (a newer handoff than the one shown, asked at `at`) or
+    not_waiting (the run is `status` now)."""
+
+    def __init__(self, reason: str, *, status: str, by: str = "", at: str = "", resumed: bool = False):
+        super().__init__(reason)
+        self.reason, self.status, self.by, self.at, self.resumed = reason, status, by, at, resumed
+
+
+def run_handoff_answer(*, run: Run, resume: bool, by: str, note: str, shown_at: str | None) -> Run:
+    """A person's answer to the handoff shown at `shown_at` (its "at"; None: whichever the run
+    waits for): run_handoff_resolve, then the run as it is now. Raises HandoffRefused, saying why,
+    when nothing changed: answered already (a second click, a colleague), the run finished
+    meanwhile, or it waits for a newer handoff than the one shown."""
+    if run_handoff_resolve(run=run, resume=resume, by=by, note=note, expected_at=shown_at):
+        run.refresh_from_db()
+        return run
+    run.refresh_from_db()
+    handoff = run.handoff or {}
+    resolved = handoff.get("resolved") or {}
+    if resolved and (shown_at is None or (handoff.get("at") or "") == shown_at):
+        raise HandoffRefused(
+            "already_answered",
+            status=run.status,
+            by=str(resolved.get("by", "")),
+            at=str(resolved.get("at", "")),
+            resumed=bool(resolved.get("resume")),
+        )
+    if run.status == Run.Status.WAITING:
+        raise HandoffRefused("asked_again", status=run.status, at=str(handoff.get("at", "")))
+    raise HandoffRefused("not_waiting", status=run.status)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dashboards.runs.selectors import handoff_time
-from ingest.guard import run_handoff_resolve
+from ingest.guard import HandoffRefused
+from ingest.guard import run_handoff_answer as guard_answer
 from ingest.models import Run
 
 
@@ -31,26 +32,29 @@ def run_handoff_answer(*, run: Run, user, resume: bool, note: str, shown_at: str
     Raises HandoffNotWaiting, saying why, when it was answered already (a second click, a
     colleague), the run finished meanwhile, or it waits for a newer handoff than the one shown.
     """
-    who = user.get_username()
-    # A handoff without its "at" (none the guard writes) is answered whatever it says.
-    expected_at = shown_at or None
-    if run_handoff_resolve(run=run, resume=resume, by=who, note=note.strip(), expected_at=expected_at):
-        run.refresh_from_db()
-        if resume:
-            return HandoffAnswered(run, f"{run.run_id}: resumed — checks decide again.")
-        return HandoffAnswered(run, f"{run.run_id}: stopped — every check now answers terminate.")
-    run.refresh_from_db()
-    handoff = run.handoff or {}
-    resolved = handoff.get("resolved") or {}
-    if (handoff.get("at") or "") == shown_at and resolved:
-        what = "resumed" if resolved.get("resume") else "stopped"
-        raise HandoffNotWaiting(
-            f"already answered by {resolved.get('by', '?')} at {handoff_time_text(resolved.get('at'))} "
-            f"({what}); the run is now {run.get_status_display().lower()}"
+    try:
+        # A handoff without its "at" (none the guard writes) is answered whatever it says.
+        run = guard_answer(
+            run=run, resume=resume, by=user.get_username(), note=note.strip(), shown_at=shown_at or None
         )
-    if run.status == Run.Status.WAITING:
-        raise HandoffNotWaiting(
-            f"the run asked for a person again at {handoff_time_text(handoff.get('at'))}, after this "
+    except HandoffRefused as refused:
+        raise HandoffNotWaiting(_refusal_text(refused, run)) from None
+    if resume:
+        return HandoffAnswered(run, f"{run.run_id}: resumed — checks decide again.")
+    return HandoffAnswered(run, f"{run.run_id}: stopped — every check now answers terminate.")
+
+
+def _refusal_text(refused: HandoffRefused, run: Run) -> str:
+    status = run.get_status_display().lower()
+    if refused.reason == "already_answered":
+        what = "resumed" if refused.resumed else "stopped"
+        return (
+            f"already answered by {refused.by or '?'} at {handoff_time_text(refused.at)} "
+            f"({what}); the run is now {status}"
+        )
+    if refused.reason == "asked_again":
+        return (
+            f"the run asked for a person again at {handoff_time_text(refused.at)}, after this "
             "page was shown: read the new summary, then answer"
         )
-    raise HandoffNotWaiting(f"the run is no longer waiting (now {run.get_status_display().lower()})")
+    return f"the run is no longer waiting (now {status})"
