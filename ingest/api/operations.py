@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ from rest_framework.views import APIView
 from ingest import metrics
 from ingest.api.errors import ApiError
 from ingest.api.events import ErrorSerializer as ErrorBody
+from ingest.api.inputs import FlatInput, parse_input
 from ingest.auth import HasLedgerScope
 from ingest.ledger import (
     DEFAULT_LEASE_S,
@@ -68,20 +68,7 @@ def operation_state(op: Operation, *, history: bool = False) -> dict[str, Any]:
     return state
 
 
-class _FlatInput(serializers.Serializer):
-    """An input serializer of plain fields whose declared fields are copied, not rebuilt, per request.
-
-    DRF deep-copies every declared field for every serializer instance, and a field's deepcopy is
-    a new field built from its arguments (validators and all): a fifth of a claim's server CPU. A
-    shallow copy is enough for plain fields, which hold no per-request state until they are bound
-    (to the copy).
-    """
-
-    def get_fields(self) -> dict[str, serializers.Field]:
-        return {name: copy.copy(field) for name, field in self._declared_fields.items()}
-
-
-class ClaimInput(_FlatInput):
+class ClaimInput(FlatInput):
     operation_key = serializers.CharField(required=False, max_length=500, allow_blank=False)
     run_id = serializers.CharField(required=False, max_length=200)
     step_id = serializers.CharField(required=False, max_length=200)
@@ -93,7 +80,7 @@ class ClaimInput(_FlatInput):
     )
 
 
-class CompleteInput(_FlatInput):
+class CompleteInput(FlatInput):
     worker_id = serializers.CharField(max_length=200)
     outcome = serializers.ChoiceField(choices=["succeeded", "failed", "timeout"])
     result = serializers.JSONField(required=False, allow_null=True)
@@ -114,18 +101,6 @@ class CompleteInput(_FlatInput):
     no_side_effect = serializers.BooleanField(required=False, default=False)
 
 
-def _parse(serializer_class, request) -> dict[str, Any]:
-    try:
-        data = orjson.loads(request.body or b"null")
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "invalid_json", f"body: not valid JSON ({exc})", field="body") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "invalid_body", "body: must be a JSON object", field="body")
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
-
-
 class OperationClaimApi(APIView):
     """Claim an operation to execute it, or learn what became of it.
 
@@ -143,7 +118,7 @@ class OperationClaimApi(APIView):
     )
     def post(self, request):
         started = time.perf_counter()
-        data = _parse(ClaimInput, request)
+        data = parse_input(ClaimInput, request)
         key = operation_key_for(
             operation_key=data.get("operation_key"), run_id=data.get("run_id"), step_id=data.get("step_id")
         )
@@ -204,7 +179,7 @@ class OperationCompleteApi(APIView):
         responses={200: dict, 404: ErrorBody, 409: ErrorBody},
     )
     def post(self, request, key: str):
-        data = _parse(CompleteInput, request)
+        data = parse_input(CompleteInput, request)
         if data["outcome"] == "failed" and not data.get("error_class"):
             raise ApiError(400, "invalid", "error_class: required when the outcome is failed", "error_class")
         try:
