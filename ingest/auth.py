@@ -108,3 +108,4 @@ def scope_permission(scope: str) -> type[permissions.BasePermission]:
 HasIngestScope = scope_permission(ApiKey.Scope.INGEST)
 HasReadScope = scope_permission(ApiKey.Scope.READ)
 HasLedgerScope = scope_permission(ApiKey.Scope.LEDGER)
+HasOperateScope = scope_permission(ApiKey.Scope.OPERATE)

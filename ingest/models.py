@@ -30,6 +30,7 @@ class ApiKey(models.Model):
         INGEST = "ingest"
         READ = "read"
         LEDGER = "ledger"
+        OPERATE = "operate"  # a person's answers through an integration (chat-ops): handoffs
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=200, blank=True)

@@ -1,7 +1,7 @@
 from django.urls import path
 
 from ingest.api.events import EventsIngestApi
-from ingest.api.guard import RunCheckApi
+from ingest.api.guard import RunCheckApi, RunHandoffAnswerApi
 from ingest.api.operations import OperationClaimApi, OperationCompleteApi, OperationDetailApi
 from ingest.api.runs import RunDetailApi, RunEventsApi, RunListApi
 
@@ -10,6 +10,7 @@ urlpatterns = [
     path("runs", RunListApi.as_view(), name="api-runs"),
     path("runs/<path:run_id>/events", RunEventsApi.as_view(), name="api-run-events"),
     path("runs/<path:run_id>/check", RunCheckApi.as_view(), name="api-run-check"),
+    path("runs/<path:run_id>/handoff", RunHandoffAnswerApi.as_view(), name="api-run-handoff"),
     path("runs/<path:run_id>", RunDetailApi.as_view(), name="api-run"),
     path("operations/claim", OperationClaimApi.as_view(), name="api-operation-claim"),
     path("operations/<path:key>/complete", OperationCompleteApi.as_view(), name="api-operation-complete"),

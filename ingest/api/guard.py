@@ -1,4 +1,5 @@
-"""POST /api/v1/runs/{run_id}/check: the guard's decision about a proposed tool call (ingest scope)."""
+"""POST /api/v1/runs/{run_id}/check: the guard's decision about a proposed tool call (ingest scope);
+POST /api/v1/runs/{run_id}/handoff: a person's answer to a run waiting for one (operate scope)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ from rest_framework.views import APIView
 
 from ingest.api.errors import ApiError
 from ingest.api.events import ErrorSerializer
-from ingest.auth import HasIngestScope
-from ingest.guard import CallRefused, ProposedCall, RunNotKnown, call_check
+from ingest.api.inputs import FlatInput, parse_input
+from ingest.auth import HasIngestScope, HasOperateScope
+from ingest.guard import (
+    CallRefused,
+    HandoffRefused,
+    ProposedCall,
+    RunNotKnown,
+    call_check,
+    run_handoff_answer,
+)
 from ingest.ledger import DEFAULT_LEASE_S, MAX_LEASE_S
-from ingest.models import ApiKey
+from ingest.models import ApiKey, Run
 from ingest.schema import TOOL_KINDS, EventError, find_nul, parse_ts, validate_event
 
 # The fields of a check's body; anything else is a mistake worth naming (a typo would go unnoticed).
@@ -189,3 +198,68 @@ class RunCheckApi(APIView):
             code = "permission_denied" if exc.status == 403 else "invalid"
             raise ApiError(exc.status, code, str(exc), field=exc.field) from None
         return HttpResponse(orjson.dumps(answer.as_dict()), content_type="application/json")
+
+
+class HandoffAnswerInput(FlatInput):
+    answer = serializers.ChoiceField(
+        choices=["resume", "stop"],
+        help_text="resume: checks decide again (the engine's counts carry on); stop: the run is abandoned.",
+    )
+    note = serializers.CharField(max_length=2000, help_text="What was done or decided; kept with the answer.")
+    by = serializers.CharField(
+        max_length=200, help_text="Who answered (a person, as the integration knows them)."
+    )
+    handoff_at = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="The handoff's `at` the person was shown: a newer handoff of the run is not answered.",
+    )
+
+
+def _refused(refused: HandoffRefused, run_id: str) -> ApiError:
+    if refused.reason == "already_answered":
+        what = "resumed" if refused.resumed else "stopped"
+        detail = f"already answered by {refused.by} at {refused.at} ({what}); the run is {refused.status}"
+    elif refused.reason == "asked_again":
+        detail = f"the run asked for a person again at {refused.at}: read the new handoff, then answer"
+    else:
+        detail = f"the run is not waiting for a person (it is {refused.status})"
+    return ApiError(409, refused.reason, f"run_id: {run_id}: {detail}", field="run_id")
+
+
+class RunHandoffAnswerApi(APIView):
+    """Answer a run waiting for a person (the guard's handoff): resume it or stop it, as the run's
+    page does. 200 with the run's status and handoff; 409 when nothing changed (answered already,
+    asked again since, or not waiting), saying why; 404 a run not known to the key's tenant."""
+
+    permission_classes = [HasOperateScope]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="runs_handoff_answer",
+        request=HandoffAnswerInput,
+        responses={
+            200: dict,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
+    )
+    def post(self, request, run_id: str):
+        data = parse_input(HandoffAnswerInput, request)
+        run = Run.objects.filter(tenant=request.user.tenant, run_id=run_id).first()
+        if run is None:
+            raise ApiError(404, "not_found", f"run_id: no run {run_id!r} for this API key's tenant", "run_id")
+        try:
+            run = run_handoff_answer(
+                run=run,
+                resume=data["answer"] == "resume",
+                by=data["by"].strip(),
+                note=data["note"].strip(),
+                shown_at=data.get("handoff_at"),
+            )
+        except HandoffRefused as refused:
+            raise _refused(refused, run_id) from None
+        body = {"run_id": run.run_id, "status": run.status, "handoff": run.handoff}
+        return HttpResponse(orjson.dumps(body), content_type="application/json")

@@ -517,3 +517,50 @@ def test_a_run_that_asks_again_keeps_the_earlier_handoff_and_its_answer(check, s
     assert [(h["tool"], h["resolved"]["by"], h["resolved"]["note"]) for h in handoff["earlier"]] == [
         ("search_orders", "ann", "the order exists now")
     ]
+
+
+HANDOFF_URL = "/api/v1/runs/r1/handoff"
+
+
+def test_an_integration_answers_a_handoff_through_the_api(check, store, tenant, api, make_key):
+    _handed_off(check, store)
+    operator = make_key(tenant, ["operate"])
+    shown = api.get("/api/v1/runs/r1", make_key(tenant, ["read"])).json()
+    answer = {"answer": "resume", "note": "the order exists now", "by": "slack:ann"}
+    response = api.post(HANDOFF_URL, {**answer, "handoff_at": Run.objects.get().handoff["at"]}, operator)
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "running"
+    assert response.json()["handoff"]["resolved"]["by"] == "slack:ann"
+    assert shown["status"] == "waiting"
+    assert check(call(6, tool="get_order", args={"id": "o1"}))["decision"] == "allow"
+
+    again = api.post(HANDOFF_URL, {**answer, "by": "slack:bob"}, operator)
+    assert again.status_code == 409
+    assert again.json()["error"] == "already_answered" and "slack:ann" in again.json()["detail"]
+    assert Run.objects.get().handoff["resolved"]["by"] == "slack:ann"  # nothing changed
+
+
+def test_a_stop_through_the_api_terminates_the_next_checks(check, store, tenant, api, make_key):
+    _handed_off(check, store)
+    response = api.post(
+        HANDOFF_URL, {"answer": "stop", "note": "refund by hand", "by": "ops"}, make_key(tenant, ["operate"])
+    )
+    assert response.status_code == 200 and response.json()["status"] == "abandoned"
+    assert check(call(6, tool="get_order", args={"id": "o1"}))["decision"] == "terminate"
+
+
+def test_the_handoff_api_refuses_what_it_cannot_answer(check, store, tenant, other_tenant, api, make_key):
+    operator = make_key(tenant, ["operate"])
+    body = {"answer": "resume", "note": "go on", "by": "ops"}
+    assert api.post(HANDOFF_URL, body, operator).status_code == 404  # no run yet
+    store([run_started()])
+    not_waiting = api.post(HANDOFF_URL, body, operator)
+    assert not_waiting.status_code == 409 and not_waiting.json()["error"] == "not_waiting"
+    _handed_off(check, store)
+    assert api.post(HANDOFF_URL, body, make_key(tenant, ["ingest", "read", "ledger"])).status_code == 403
+    assert api.post(HANDOFF_URL, body, make_key(other_tenant, ["operate"])).status_code == 404
+    bad = api.post(HANDOFF_URL, {**body, "answer": "maybe"}, operator)
+    assert bad.status_code == 400 and bad.json()["field"] == "answer"
+    missing = api.post(HANDOFF_URL, {"answer": "stop", "by": "ops"}, operator)
+    assert missing.status_code == 400 and missing.json()["field"] == "note"
+    assert Run.objects.get(tenant=tenant).status == Run.Status.WAITING
