@@ -835,12 +835,16 @@ def redis_purge(url: str) -> int:
         client.close()
 
 
-def redis_queued(url: str) -> int:
+def redis_queued(url: str) -> tuple[int, int]:
+    """(tasks queued, runs waiting for detection) in the bench's Redis db."""
     import redis
 
     client = redis.Redis.from_url(url)
-    try:  # the queue's name comes from settings (CELERY_QUEUE): count every list in the bench db
-        return sum(client.llen(k) for k in client.scan_iter(count=1000) if client.type(k) == b"list")
+    try:  # the names come from settings (CELERY_QUEUE): every list (a queue) and set (runs) in the db
+        kinds = {k: client.type(k) for k in client.scan_iter(count=1000)}
+        tasks = sum(client.llen(k) for k, kind in kinds.items() if kind == b"list")
+        runs = sum(client.scard(k) for k, kind in kinds.items() if kind == b"set")
+        return tasks, runs
     finally:
         client.close()
 
@@ -1170,7 +1174,8 @@ def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, idl
         print(f"worker CPU split : {split_s} s over {rest['wall']:.1f} s of wall time{warn}")
     if par:
         print(f"CPU per COPY row : {cpu_line(par['phase'], par['events'], None, par['client_cpu'])}")
-    print(f"detection tasks queued in Redis: {rest['queued']}")
+    tasks, runs = rest["queued"]
+    print(f"detection left in Redis: {tasks} task(s) queued, {runs:,} runs waiting (no worker runs here)")
     if rest["failed_batches"]:
         print(line)
         print(
