@@ -18,8 +18,6 @@ from django.http.response import HttpResponseBase
 from django.urls import set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
-from loopwatch.celery import GC_THRESHOLD
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
 
 # Threads that run requests, reused from request to request; each holds at most one database
@@ -136,7 +134,6 @@ from ingest.routing import websocket_urlpatterns as api_routes  # noqa: E402
 # Everything loaded so far lives as long as the process: keep it out of the garbage collector's
 # full passes, which otherwise took a fifth of the CPU of a busy ingest worker.
 gc.freeze()
-gc.set_threshold(*GC_THRESHOLD)  # loopwatch.celery says why
 
 application = ProtocolTypeRouter(
     {

@@ -9,12 +9,13 @@ from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
 
-# A batch of events is thousands of dicts and lists that live until the answer and then die by
-# reference counting; so are a detection pass's events and rows. At the default threshold (a
-# young collection every 700 allocations) the collector scanned them ~20 times a batch, some
-# twice: 6 % of ingest's CPU, ~1.1 us an event. A young collection every 50,000 allocations lets a
-# batch come and go unscanned; cyclic garbage (a request's few cycles) waits that long, a few MB
-# at most. Set in the web processes (loopwatch.asgi) and Celery's worker processes (below).
+# A detection pass's events and rows (like an ingest batch) are thousands of dicts and lists that
+# live until its end and then die by reference counting. At the default threshold (a young
+# collection every 700 allocations) the collector scanned them again and again (on ingest's
+# traffic, ~20 times a batch: 1.1 us an event). A young collection every 50,000 allocations lets a
+# pass's objects come and go unscanned; cyclic garbage waits that long, a few MB at most. Only in
+# Celery's worker processes: in the web processes the rarer, longer collections put pauses of up
+# to ~100 ms into the guard's tail (bench/guard.py: p99 at 300/s from 8 to 11-20 ms).
 GC_THRESHOLD = (50_000, 20, 20)
 
 app = Celery("loopwatch")
