@@ -38,6 +38,7 @@ How (`call_check`):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -609,6 +610,19 @@ class HandoffRefused(Exception):
     def __init__(self, reason: str, *, status: str, by: str = "", at: str = "", resumed: bool = False):
         super().__init__(reason)
         self.reason, self.status, self.by, self.at, self.resumed = reason, status, by, at, resumed
+
+    def describe(self, time_text: Callable[[str], str] = str) -> str:
+        """Why, in words (for the run's page and the API); time_text renders the ISO times."""
+        status = Run.Status(self.status).label.lower()
+        if self.reason == "already_answered":
+            what = "resumed" if self.resumed else "stopped"
+            return f"already answered by {self.by or '?'} at {time_text(self.at)} ({what}); the run is now {status}"
+        if self.reason == "asked_again":
+            return (
+                f"the run asked for a person again at {time_text(self.at)}, after the handoff answered "
+                "here: read the new summary, then answer"
+            )
+        return f"the run is no longer waiting (now {status})"
 
 
 def run_handoff_answer(*, run: Run, resume: bool, by: str, note: str, shown_at: str | None) -> Run:

@@ -38,23 +38,7 @@ def run_handoff_answer(*, run: Run, user, resume: bool, note: str, shown_at: str
             run=run, resume=resume, by=user.get_username(), note=note.strip(), shown_at=shown_at or None
         )
     except HandoffRefused as refused:
-        raise HandoffNotWaiting(_refusal_text(refused, run)) from None
+        raise HandoffNotWaiting(refused.describe(handoff_time_text)) from None
     if resume:
         return HandoffAnswered(run, f"{run.run_id}: resumed — checks decide again.")
     return HandoffAnswered(run, f"{run.run_id}: stopped — every check now answers terminate.")
-
-
-def _refusal_text(refused: HandoffRefused, run: Run) -> str:
-    status = run.get_status_display().lower()
-    if refused.reason == "already_answered":
-        what = "resumed" if refused.resumed else "stopped"
-        return (
-            f"already answered by {refused.by or '?'} at {handoff_time_text(refused.at)} "
-            f"({what}); the run is now {status}"
-        )
-    if refused.reason == "asked_again":
-        return (
-            f"the run asked for a person again at {handoff_time_text(refused.at)}, after this "
-            "page was shown: read the new summary, then answer"
-        )
-    return f"the run is no longer waiting (now {status})"

@@ -216,17 +216,6 @@ class HandoffAnswerInput(FlatInput):
     )
 
 
-def _refused(refused: HandoffRefused, run_id: str) -> ApiError:
-    if refused.reason == "already_answered":
-        what = "resumed" if refused.resumed else "stopped"
-        detail = f"already answered by {refused.by} at {refused.at} ({what}); the run is {refused.status}"
-    elif refused.reason == "asked_again":
-        detail = f"the run asked for a person again at {refused.at}: read the new handoff, then answer"
-    else:
-        detail = f"the run is not waiting for a person (it is {refused.status})"
-    return ApiError(409, refused.reason, f"run_id: {run_id}: {detail}", field="run_id")
-
-
 class RunHandoffAnswerApi(APIView):
     """Answer a run waiting for a person (the guard's handoff): resume it or stop it, as the run's
     page does. 200 with the run's status and handoff; 409 when nothing changed (answered already,
@@ -260,6 +249,6 @@ class RunHandoffAnswerApi(APIView):
                 shown_at=data.get("handoff_at"),
             )
         except HandoffRefused as refused:
-            raise _refused(refused, run_id) from None
+            raise ApiError(409, refused.reason, f"run_id: {run_id}: {refused.describe()}", "run_id") from None
         body = {"run_id": run.run_id, "status": run.status, "handoff": run.handoff}
         return HttpResponse(orjson.dumps(body), content_type="application/json")
