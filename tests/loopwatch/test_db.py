@@ -95,3 +95,10 @@ def test_a_request_after_its_pooled_backend_was_terminated_gets_a_working_connec
     finally:
         wrapper.close()
         wrapper.close_pool()
+
+
+def test_a_connection_closed_here_fails_the_check_without_touching_the_socket(needs_postgres):
+    conn = psycopg.connect(_dsn(), autocommit=True)
+    conn.close()
+    with pytest.raises(psycopg.OperationalError, match="closed"):
+        connection_check(conn)
