@@ -929,9 +929,8 @@ def _detect(
         for seq, _kind, ts, body in run_events:
             for finding in engine.feed(state, body):
                 found.append(
-                    Detection(
-                        tenant_id=run.tenant_id,
-                        run_id=run.pk,
+                    _run_detection(
+                        run,
                         seq=seq,
                         kind=finding.kind,
                         action=finding.action,
@@ -940,10 +939,6 @@ def _detect(
                         count=finding.count,
                         at_call=finding.at_call,
                         at_round=finding.at_round,
-                        backend=run.backend,
-                        model=run.model,
-                        task_type=run.task_type,
-                        agent=run.agent,
                         evidence=finding.evidence,
                         hint=finding.hint,
                         ts=ts,
@@ -1310,9 +1305,8 @@ def _ledger_feed(writes: list[tuple[Run, list[ToolCall], list[ToolCall]]]) -> di
         if kind != TRACE_STARTED or evidence is None:
             continue
         duplicates[run.pk].append(
-            Detection(
-                tenant_id=run.tenant_id,
-                run_id=run.pk,
+            _run_detection(
+                run,
                 seq=call.seq,
                 kind="duplicate_side_effect",
                 action=Detection.Action.HANDOFF,
@@ -1320,10 +1314,6 @@ def _ledger_feed(writes: list[tuple[Run, list[ToolCall], list[ToolCall]]]) -> di
                 tool=call.tool,
                 count=evidence["executions"],
                 at_round=call.round,
-                backend=run.backend,
-                model=run.model,
-                task_type=run.task_type,
-                agent=run.agent,
                 evidence=evidence,
                 hint=(
                     f"{call.tool} ran again for operation {evidence['operation_key']} "
@@ -1334,6 +1324,19 @@ def _ledger_feed(writes: list[tuple[Run, list[ToolCall], list[ToolCall]]]) -> di
             )
         )
     return duplicates
+
+
+def _run_detection(run: Run, **fields: Any) -> Detection:
+    """A detection of `run`, with the run's dimensions copied (the overview filters on them)."""
+    return Detection(
+        tenant_id=run.tenant_id,
+        run_id=run.pk,
+        backend=run.backend,
+        model=run.model,
+        task_type=run.task_type,
+        agent=run.agent,
+        **fields,
+    )
 
 
 RESULT_FIELDS = [
