@@ -27,6 +27,10 @@ class Membership(models.Model):
         return f"{self.user_id} {self.role} of {self.tenant_id}"
 
 
+# The roles that act on what they see: answer a handoff, decide on a write, give alert feedback.
+OPERATOR_ROLES = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
+
+
 class ConfigChange(models.Model):
     """Who changed which detection setting of a tenant, when, from what to what (append-only)."""
 

@@ -7,14 +7,13 @@ from typing import Any, TypedDict
 
 from django.db.models import Q, QuerySet
 
-from dashboards.models import Membership
+from dashboards.models import OPERATOR_ROLES, Membership
 from ingest.detection import KINDS
 from ingest.models import Detection
 from ingest.services import alert_payload
 
 # Kinds stored besides the engine's: the ledger's duplicate side effect.
 ALERT_KINDS = (*KINDS, "duplicate_side_effect")
-FEEDBACK_ROLES = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
 PAGE_ALERTS = 100  # rows on a fresh page; older ones are a run's detail away
 CATCH_UP_MAX = 500  # a socket that was away long gets the newest 500, and is told there were more
 
@@ -117,7 +116,7 @@ def feedback_tenant_ids(*, user) -> list[int]:
     if not user.is_authenticated:
         return []
     return list(
-        Membership.objects.filter(user=user, role__in=FEEDBACK_ROLES).values_list("tenant_id", flat=True)
+        Membership.objects.filter(user=user, role__in=OPERATOR_ROLES).values_list("tenant_id", flat=True)
     )
 
 

@@ -99,21 +99,14 @@ def _filter_options(tenant_ids) -> FilterOptions:
 
 
 def runs_in_range(*, f: OverviewFilters) -> QuerySet[Run]:
-    runs = Run.objects.filter(tenant_id__in=f.tenant_ids, started_at__gte=f.start, started_at__lt=f.end)
-    for name in ("backend", "model", "task_type", "agent"):
-        value = getattr(f, name)
-        if value:
-            runs = runs.filter(**{name: value})
-    return runs
+    return _filtered(
+        Run.objects.filter(tenant_id__in=f.tenant_ids, started_at__gte=f.start, started_at__lt=f.end), f
+    )
 
 
 def detections_in_range(*, f: OverviewFilters) -> QuerySet[Detection]:
-    found = Detection.objects.filter(tenant_id__in=f.tenant_ids, ts__gte=f.start, ts__lt=f.end)
-    for name in ("backend", "model", "task_type", "agent"):  # copied from the run when stored
-        value = getattr(f, name)
-        if value:
-            found = found.filter(**{name: value})
-    return found
+    # A detection carries its run's dimensions, copied when it was stored.
+    return _filtered(Detection.objects.filter(tenant_id__in=f.tenant_ids, ts__gte=f.start, ts__lt=f.end), f)
 
 
 def bucket_of(when: datetime, step: timedelta) -> datetime:

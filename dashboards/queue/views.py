@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from dashboards.models import Membership
+from dashboards.models import OPERATOR_ROLES
 from dashboards.queue.forms import ACTIONS, DecisionForm, named_errors
 from dashboards.queue.selectors import (
     QUEUE_LIMIT,
@@ -31,7 +31,6 @@ from dashboards.queue.services import queue_decide
 from dashboards.runs.selectors import run_handoff_view
 from ingest.ledger import AlreadyResolved, TransitionRefused
 
-DECIDERS = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
 # The list reloads itself so that a reconciled write leaves it; never the detail page (a note being typed).
 QUEUE_REFRESH_S = 30
 
@@ -89,7 +88,7 @@ def detail(request, pk: int):
     if op is None:
         raise Http404("no such operation")
     role = membership_role(user=request.user, tenant_id=op.tenant_id)
-    can_decide = role in DECIDERS
+    can_decide = role in OPERATOR_ROLES
     form = None
     status = 200
     if request.method == "POST":

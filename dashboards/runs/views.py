@@ -14,7 +14,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboards.alerts.selectors import user_tenant_ids
-from dashboards.models import Membership
+from dashboards.models import OPERATOR_ROLES
 from dashboards.queue.forms import named_errors
 from dashboards.queue.selectors import membership_role
 from dashboards.runs.forms import ANSWERS, HandoffAnswerForm
@@ -37,7 +37,6 @@ from ingest.models import Run
 from ingest.selectors import detection_config
 
 MAX_PAGE = 10_000
-ANSWERERS = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
 
 
 class BadParameter(ValueError):
@@ -110,7 +109,7 @@ def detail(request: HttpRequest, pk: int) -> HttpResponse:
     if run is None:
         raise Http404("no such run")
     role = membership_role(user=request.user, tenant_id=run.tenant_id)
-    can_answer = role in ANSWERERS
+    can_answer = role in OPERATOR_ROLES
     form = None
     status = 200
     if request.method == "POST":
