@@ -37,27 +37,13 @@ def update_statement(
     return _update_sql(model, tuple(names)), [_values(rows, fields, add=False)]
 
 
-def rows_insert(
-    model: type[models.Model], rows: Sequence[models.Model], *, ignore_conflicts: bool = False
-) -> None:
-    """INSERT these new rows with one statement (their pks are not read back).
-
-    On PostgreSQL an INSERT ... SELECT from jsonb_populate_recordset() of the rows as one JSON array:
-    bulk_create() prepared every field of every row in Python, a third of a detection pass's CPU.
-    Elsewhere bulk_create().
-    """
-    if not rows:
-        return
-    if connection.vendor != "postgresql":
-        model.objects.bulk_create(rows, ignore_conflicts=ignore_conflicts)
-        return
-    statements_run([insert_statement(model, rows, ignore_conflicts=ignore_conflicts)])
-
-
 def insert_statement(
     model: type[models.Model], rows: Sequence[models.Model], *, ignore_conflicts: bool = False
 ) -> Statement:
-    """rows_insert's statement on PostgreSQL (for statements_run); None when there are no rows."""
+    """INSERT these new rows with one statement (their pks are not read back), for statements_run;
+    None when there are no rows. PostgreSQL only: an INSERT ... SELECT from jsonb_populate_recordset()
+    of the rows as one JSON array (bulk_create() prepared every field of every row in Python, a third
+    of a detection pass's CPU)."""
     if not rows:
         return None
     return _insert_sql(model, ignore_conflicts), [_values(rows, _insert_fields(model), add=True)]

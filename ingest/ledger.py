@@ -656,22 +656,6 @@ TRACE_STARTED = "started"
 TRACE_FINISHED = "finished"
 
 
-def trace_write_started(*, run, call) -> dict[str, Any] | None:
-    """A `write` tool_call seen in a trace: create or find its operation.
-
-    Returns the evidence of a duplicate side effect when the same key was already executed and
-    its effect happened or may have (SUCCEEDED, UNKNOWN, RUNNING); None otherwise.
-    """
-    return trace_writes_record(steps=[(TRACE_STARTED, run, call)])[0]
-
-
-def trace_write_finished(*, run, call) -> None:
-    """The result of a traced write: ok -> SUCCEEDED, timeout -> UNKNOWN, a definitive error ->
-    FAILED, a transient one -> RETRYABLE_FAILED (a 503/429 answer: the service refused it), any
-    other error -> UNKNOWN (its effect is not ruled out)."""
-    trace_writes_record(steps=[(TRACE_FINISHED, run, call)])
-
-
 # Every column a traced step may change (op.save() of one operation wrote them all).
 _TRACE_FIELDS = [
     *("status", "lease_owner", "lease_expires_at", "attempts", "executions", "call_id"),
@@ -682,7 +666,7 @@ _TRACE_FIELDS = [
 
 def trace_writes_record(*, steps: list[tuple[str, Any, Any]]) -> list[dict[str, Any] | None]:
     """Traced writes' starts and results (TRACE_STARTED / TRACE_FINISHED, run, call), applied in
-    this order exactly as trace_write_started and trace_write_finished apply one, in a few
+    this order exactly as they would be applied one at a time, in a few
     statements for all of them (the detection task feeds every traced write of a pass at once):
 
     1. Create the operations of the keys a start names, from the key's first start, with one
@@ -693,7 +677,7 @@ def trace_writes_record(*, steps: list[tuple[str, Any, Any]]) -> list[dict[str, 
        from its first start on: a result before it finds no operation, as it would have.
     4. Store the transitions with one INSERT and the changed operations with one UPDATE.
     All in one transaction: every step is stored or none. Returns, per step, the evidence of a
-    duplicate side effect (a start; see trace_write_started) or None.
+    duplicate side effect (a start; see _trace_started) or None.
     """
     answers: list[dict[str, Any] | None] = [None] * len(steps)
     keyed = [(i, kind, run, call, trace_key(call, run)) for i, (kind, run, call) in enumerate(steps)]
@@ -804,7 +788,9 @@ def _trace_ops_insert(firsts: dict[tuple[int, str], tuple[Any, Any]], now: datet
 def _trace_started(
     op: Operation, run, call, key: str, now: datetime, transitions: list[OperationTransition]
 ) -> dict[str, Any] | None:
-    """A traced start of an operation that exists already: trace_write_started's answer."""
+    """A `write` tool_call seen in a trace, of an operation that exists already: the evidence of a
+    duplicate side effect when the same key was already executed and its effect happened or may
+    have (SUCCEEDED, UNKNOWN, RUNNING); None otherwise."""
     previous = op.status
     # An operation claimed through the API and traced too: its first traced call is that same
     # execution. Only a second traced execution is a second effect.
@@ -835,7 +821,9 @@ def _trace_started(
 
 
 def _trace_finished(op: Operation, run, call, transitions: list[OperationTransition]) -> bool:
-    """A traced result (trace_write_finished); False when it changes nothing."""
+    """The result of a traced write: ok -> SUCCEEDED, timeout -> UNKNOWN, a definitive error ->
+    FAILED, a transient one -> RETRYABLE_FAILED (a 503/429 answer: the service refused it), any
+    other error -> UNKNOWN (its effect is not ruled out). False when it changes nothing."""
     if op.status != S.RUNNING or op.lease_owner != TRACE_WORKER:
         return False  # claimed through the API meanwhile, or already settled: the API's account wins
     if call.external_request_id:
