@@ -254,21 +254,17 @@ def spans_read(request: Any) -> list[SpanIn]:
                 status = span.status
                 name = span.name
                 events = span.events
-                exceptions = (
-                    [
-                        attributes(event.attributes)
-                        for event in events
-                        if event.name == "exception" or event.name.endswith(".exception")
-                    ]
-                    if events
-                    else []
-                )
+                exceptions = [
+                    attributes(event.attributes)
+                    for event in events
+                    if event.name == "exception" or event.name.endswith(".exception")
+                ]
                 item = SpanIn(
                     path=f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]",
                     trace_id=trace_id.hex(),
                     span_id=span_id.hex(),
                     parent_id=parent_id.hex(),
-                    name=name.replace("\x00", "\ufffd") if "\x00" in name else name,
+                    name=_clean(name),
                     start_ns=start_ns,
                     end_ns=end_ns,
                     attrs=attributes(span.attributes),
@@ -283,7 +279,9 @@ def spans_read(request: Any) -> list[SpanIn]:
     return spans
 
 
-def _span_problem(trace_id: bytes, span_id: bytes, parent_id: bytes, start_ns: int, end_ns: int):
+def _span_problem(
+    trace_id: bytes, span_id: bytes, parent_id: bytes, start_ns: int, end_ns: int
+) -> SpanRefused | None:
     if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
         return SpanRefused("traceId", f"must be 16 bytes, not all zero (got {len(trace_id)} bytes)")
     if len(span_id) != 8 or span_id == _ZERO_SPAN:
