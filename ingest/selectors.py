@@ -69,7 +69,7 @@ def configs_for(*, scopes: set[Scope]) -> dict[Scope, Config]:
                 continue
             try:
                 thresholds = thresholds.merged(row.values)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, AttributeError) as exc:  # values not an object, say
                 logger.warning("thresholds %s ignored: %s", row, exc)
         configs[(tenant_id, backend, model, task_type)] = Config(
             thresholds=thresholds, tools=specs[tenant_id]

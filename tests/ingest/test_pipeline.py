@@ -142,3 +142,13 @@ def test_an_intervention_is_published_to_the_tenants_group(api, key, tenant, oth
     finally:
         async_to_sync(layer.group_discard)(alerts_group(tenant.pk), mine)
         async_to_sync(layer.group_discard)(alerts_group(other_tenant.pk), theirs)
+
+
+def test_a_threshold_row_that_is_not_an_object_is_skipped_not_fatal(tenant, other_tenant):
+    from ingest.selectors import configs_for
+
+    ThresholdSet.objects.create(tenant=other_tenant, values=["not", "an", "object"])
+    ThresholdSet.objects.create(values={"repeat_tolerance": 4})
+    scopes = {(tenant.pk, "openai", "gpt-4o", "default"), (other_tenant.pk, "openai", "gpt-4o", "default")}
+    configs = configs_for(scopes=scopes)  # one pass for both tenants: the bad row spoils neither
+    assert {scope: c.thresholds.repeat_tolerance for scope, c in configs.items()} == dict.fromkeys(scopes, 4)
