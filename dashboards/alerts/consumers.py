@@ -28,6 +28,7 @@ import orjson
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.contrib.auth import SESSION_KEY
 
 from dashboards.alerts.selectors import (
     AlertFilterError,
@@ -170,7 +171,9 @@ def _access_now(*, user, session_key: str | None) -> list[int] | None:
 
     Without a session (a socket authenticated otherwise, as in tests) only the user is checked."""
     store = import_module(settings.SESSION_ENGINE).SessionStore
-    if session_key is not None and not store().exists(session_key):
+    # Loaded, not just looked up: an expired session loads empty (exists() still finds its row),
+    # and a session now signed in as someone else is not this user's.
+    if session_key is not None and str(store(session_key=session_key).get(SESSION_KEY)) != str(user.pk):
         return None
     if not type(user).objects.filter(pk=user.pk, is_active=True).exists():
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+from datetime import timedelta
 
 import orjson
 import pytest
@@ -14,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.db import connections
 from django.test import Client
+from django.utils import timezone
 from django.utils.html import escape
 
 from dashboards.alerts import consumers
@@ -503,6 +505,29 @@ async def test_a_socket_is_closed_when_its_session_ends(tenant, monkeypatch):
     ws = WebsocketCommunicator(application, "/ws/alerts", headers=[(b"cookie", cookie)])
     assert (await ws.connect(timeout=10))[0]
     await database_sync_to_async(client.logout)()
+    closed = await ws.receive_output(timeout=5)
+    assert (closed["type"], closed["code"]) == ("websocket.close", 4401)
+    await ws.disconnect()
+
+
+@socket_db
+@socket_test
+async def test_a_socket_is_closed_when_its_session_expires(tenant, monkeypatch):
+    from django.contrib.sessions.models import Session
+
+    from loopwatch.asgi import application
+
+    monkeypatch.setattr(consumers, "ACCESS_CHECK_S", 0.2)
+    ana = await database_sync_to_async(_user)(tenant, "ana")
+    client = Client()
+    await database_sync_to_async(client.force_login)(ana)
+    key = client.cookies["sessionid"].value
+    ws = WebsocketCommunicator(application, "/ws/alerts", headers=[(b"cookie", f"sessionid={key}".encode())])
+    assert (await ws.connect(timeout=10))[0]
+    # Not signed out: the session's time is up (its row stays until clearsessions).
+    await database_sync_to_async(Session.objects.filter(session_key=key).update)(
+        expire_date=timezone.now() - timedelta(minutes=1)
+    )
     closed = await ws.receive_output(timeout=5)
     assert (closed["type"], closed["code"]) == ("websocket.close", 4401)
     await ws.disconnect()
