@@ -206,6 +206,23 @@ def test_rolling_again_or_twice_gives_the_same_rows(tenant, data):
     assert RollupHour.objects.filter(hour=hour).count() == 1
 
 
+def test_the_command_rolls_every_due_hour_and_rebuild_starts_from_nothing(tenant, data):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    with time_machine.travel(NOW, tick=False):
+        call_command("overview_rollup", stdout=out)
+        first = _rows()
+        assert first[0] and first[1]
+        hours = RollupHour.objects.count()
+        assert out.getvalue().startswith(f"{hours} hours rolled up")
+        RunRollup.objects.all().delete()  # data changed behind the rollup's back
+        call_command("overview_rollup", "--rebuild", stdout=out)
+    assert _rows() == first and RollupHour.objects.count() == hours
+
+
 def test_a_run_finishing_after_its_hour_was_rolled_is_counted_by_the_next_pass(tenant, data):
     run = Run.objects.create(
         tenant=tenant,

@@ -26,10 +26,8 @@ def test_an_unknown_api_path_is_a_json_404(client):
 
 
 def test_the_document_is_valid_openapi(tmp_path):
-    from io import StringIO
-
     from django.core.management import call_command
 
-    err = StringIO()
-    call_command("spectacular", "--validate", "--fail-on-warn", file=str(tmp_path / "s.yaml"), stderr=err)
+    # --fail-on-warn raises on any warning; --validate on a document that is not valid OpenAPI.
+    call_command("spectacular", "--validate", "--fail-on-warn", file=str(tmp_path / "s.yaml"))
     assert (tmp_path / "s.yaml").read_text().startswith("openapi: 3.1")
