@@ -33,7 +33,8 @@ def connection_check(conn) -> None:
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self):
-        # Django's DatabaseWrapper.pool, with connection_check in place of the round-trip check.
+        # Django's DatabaseWrapper.pool, with connection_check in place of the round-trip check: Django
+        # passes check= itself, so the pool options in DATABASES cannot carry another one.
         pool_options = self.settings_dict["OPTIONS"].get("pool")
         if self.alias == NO_DB_ALIAS or not pool_options:
             return None
