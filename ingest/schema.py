@@ -1,4 +1,4 @@
-"""Validation of trace events v1 (../shared/spec/trace-events.md).
+"""Validation of trace events v1 (docs/trace-events.md, ingest/spec/trace-events.schema.json).
 
 Hand-written rather than a JSON Schema engine: it is on the hot path (a few
 microseconds an event) and its messages name the field path and the reason the
