@@ -19,8 +19,8 @@ import random
 import string
 import uuid
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -67,64 +67,23 @@ MODELS = {
     "qwen2.5-32b-instruct": Model("local", 0.0, 0.0),
 }
 
-TOOL_KIND = {
-    # reads
-    "get_order": "read",
-    "search_orders": "read",
-    "get_shipment": "read",
-    "list_shipments": "read",
-    "get_customer": "read",
-    "list_customers": "read",
-    "list_tickets": "read",
-    "search_tickets": "read",
-    "http_get": "read",
-    "web_search": "read",
-    "read_file": "read",
-    "list_dir": "read",
-    "grep": "read",
-    "find_files": "read",
-    "sql_query": "read",
-    "get_weather": "read",
-    "get_forecast": "read",
-    "get_account_balance": "read",
-    "check_balance": "read",
-    "list_pending_transfers": "read",
-    "list_invoices": "read",
-    "get_invoice": "read",
-    "get_payment": "read",
-    "get_refund_status": "read",
-    "get_refund_policy": "read",
-    "check_availability": "read",
-    "list_rooms": "read",
-    "search_kb": "read",
-    "get_article": "read",
-    "search_logs": "read",
-    "search_products": "read",
-    "get_product": "read",
-    "tail_log": "read",
-    "get_events": "read",
-    "get_queue_message": "read",
-    "get_document": "read",
-    "get_metric": "read",
-    "get_job_logs": "read",
-    "search_flights": "read",
-    "get_stock_price": "read",
-    # polls
-    "get_job_status": "poll",
-    # writes
-    "place_order": "write",
-    "refund_payment": "write",
-    "send_email": "write",
-    "create_ticket": "write",
-    "edit_file": "write",
-    "update_address": "write",
-    "cancel_order": "write",
-    # other
-    "run_tests": "other",
-    "scroll_page": "other",
-    "wait": "other",
-    "start_export": "other",
+# What each tool is, as the runtime reports it in tool_call.kind
+_TOOLS_BY_KIND = {
+    "read": (
+        "get_order search_orders get_shipment list_shipments get_customer list_customers list_tickets "
+        "search_tickets http_get web_search read_file list_dir grep find_files sql_query get_weather "
+        "get_forecast get_account_balance check_balance list_pending_transfers list_invoices get_invoice "
+        "get_payment get_refund_status get_refund_policy check_availability list_rooms search_kb "
+        "get_article search_logs search_products get_product tail_log get_events get_queue_message "
+        "get_document get_metric get_job_logs search_flights get_stock_price"
+    ).split(),
+    "poll": ["get_job_status"],
+    "write": (
+        "place_order refund_payment send_email create_ticket edit_file update_address cancel_order"
+    ).split(),
+    "other": "run_tests scroll_page wait start_export".split(),
 }
+TOOL_KIND = {tool: kind for kind, tools in _TOOLS_BY_KIND.items() for tool in tools}
 
 LATENCY = {  # seconds (low, high) for an ok result
     "read": (0.08, 0.9),
@@ -149,19 +108,26 @@ Action = tuple[str, dict[str, Any], Any]  # (tool, args, result) of one call
 
 @dataclass(frozen=True)
 class Scenario:
-    """One run of the corpus. Its name is the play function's name, its `note` label the docstring."""
+    """One run of the corpus, declared with `@loop(...)` or `@ok(...)` over the function that plays it.
 
-    name: str
+    The play function gives the run its name and, by its docstring, its `note` label.
+    """
+
     expect: str  # "loop" | "ok"
     loop_kind: str | None
     pattern: str
-    note: str
     agent: str
     task_type: str
     model: str
-    budgets: dict[str, Any] | None
-    with_cost: bool | None  # None: cost_usd on about half the runs of a paid model
-    play: Callable[[Run], None]
+    budgets: dict[str, Any] | None = None
+    with_cost: bool | None = None  # None: cost_usd on about half the runs of a paid model
+    name: str = ""
+    note: str = ""
+    play: Callable[[Run], None] | None = None
+
+    def __call__(self, play: Callable[[Run], None]) -> Scenario:
+        assert play.__doc__, f"{play.__name__}: the docstring is the run's note label"
+        return replace(self, name=play.__name__, note=" ".join(play.__doc__.split()), play=play)
 
 
 def loop(
@@ -173,46 +139,18 @@ def loop(
     *,
     budgets: dict[str, Any] | None = None,
     with_cost: bool | None = None,
-) -> Callable[[Callable[[Run], None]], Scenario]:
+) -> Scenario:
     """Declare a loop: `@loop(kind, pattern, agent, task_type, model)` over its play function."""
-    assert kind in LOOP_KINDS, kind
-    return _declare(
-        expect="loop",
-        loop_kind=kind,
-        pattern=pattern,
-        agent=agent,
-        task_type=task_type,
-        model=model,
-        budgets=budgets,
-        with_cost=with_cost,
-    )
+    assert kind in LOOP_KINDS and model in MODELS, (kind, model)
+    return Scenario("loop", kind, pattern, agent, task_type, model, budgets, with_cost)
 
 
 def ok(
     pattern: str, agent: str, task_type: str, model: str, *, budgets: dict[str, Any] | None = None
-) -> Callable[[Callable[[Run], None]], Scenario]:
+) -> Scenario:
     """Declare a legitimate run: `@ok(pattern, agent, task_type, model)` over its play function."""
-    return _declare(
-        expect="ok",
-        loop_kind=None,
-        pattern=pattern,
-        agent=agent,
-        task_type=task_type,
-        model=model,
-        budgets=budgets,
-        with_cost=None,
-    )
-
-
-def _declare(**labels: Any) -> Callable[[Callable[[Run], None]], Scenario]:
-    assert labels["model"] in MODELS, labels["model"]
-
-    def declare(play: Callable[[Run], None]) -> Scenario:
-        assert play.__doc__, f"{play.__name__}: the docstring is the run's note label"
-        note = " ".join(play.__doc__.split())
-        return Scenario(name=play.__name__, note=note, play=play, **labels)
-
-    return declare
+    assert model in MODELS, model
+    return Scenario("ok", None, pattern, agent, task_type, model, budgets)
 
 
 # ================================================================================================
@@ -317,8 +255,10 @@ class Run:
         self._emit("user_message", text=text)
         self.ctx += len(text) // 4 + 4
 
-    def model(self, text: str | None = None, *, calls: int = 0, out: int | None = None) -> int:
-        """One model response; returns its round number."""
+    def model(
+        self, text: str | None = None, *, calls: int = 0, out: int | None = None, label: bool = False
+    ) -> int:
+        """One model response; returns its round number (the label point if `label`)."""
         rng = self.rng
         self.rounds += 1
         if out is None:
@@ -339,6 +279,8 @@ class Run:
         self.ctx += out + 12
         if self.ctx > 60000:  # the runtime summarises old turns
             self.ctx = int(self.ctx * 0.55)
+        if label:
+            self.label_round(self.rounds)
         return self.rounds
 
     def step(
@@ -349,22 +291,58 @@ class Run:
         *,
         text: str | None = None,
         wait: float | tuple[float, float] = 0.0,
+        label: bool = False,
         **call: Any,
     ) -> int:
-        """One round with one tool call and its result; returns the call's 1-based index."""
-        if wait:
-            self.advance(*(wait if isinstance(wait, tuple) else (wait,)))
-        rnd = self.model(text, calls=1)
-        return self._calls(rnd, [{"tool": tool, "args": args, "result": result, **call}])[0]
+        """One round with one tool call and its result; returns the call's 1-based index.
+
+        `call` adds `status`, `error_class`, `operation_key`, `step_id`, `external_request_id`,
+        `latency` or `kind`; `label` makes the call the run's label point.
+        """
+        item = {"tool": tool, "args": args, "result": result, **call}
+        return self._round([item], text=text, wait=wait, label=label)[0]
 
     def batch(
-        self, items: list[dict[str, Any]], *, text: str | None = None, wait: float | tuple[float, float] = 0.0
+        self,
+        actions: Iterable[Action],
+        *,
+        text: str | None = None,
+        wait: float | tuple[float, float] = 0.0,
+        label: bool = False,
     ) -> list[int]:
-        """One round with several tool calls (a parallel batch); returns their indices."""
+        """One round with several tool calls (a parallel batch) and their results; returns their
+        indices. `label` makes the batch's last call the run's label point.
+        """
+        items = [{"tool": tool, "args": args, "result": result} for tool, args, result in actions]
+        return self._round(items, text=text, wait=wait, label=label)
+
+    def _round(
+        self, items: list[dict[str, Any]], *, text: str | None, wait: float | tuple[float, float], label: bool
+    ) -> list[int]:
         if wait:
             self.advance(*(wait if isinstance(wait, tuple) else (wait,)))
         rnd = self.model(text, calls=len(items))
-        return self._calls(rnd, items)
+        indices = self._calls(rnd, items)
+        if label:
+            self.label_call(indices[-1])
+        return indices
+
+    def steps(
+        self,
+        actions: Iterable[Action],
+        *,
+        label_at: int | None = None,
+        texts: Mapping[int, str] | None = None,
+        wait: float | tuple[float, float] = 0.0,
+        **call: Any,
+    ) -> None:
+        """One `step` per (tool, args, result), in order; `label_at` and `texts` number them from 1.
+
+        Pass a generator where args or results draw noise (`r.req_id()`, `r.now()`, ...): each is
+        then drawn just before its own call, as a runtime would.
+        """
+        for n, (tool, args, result) in enumerate(actions, 1):
+            self.step(tool, args, result, text=(texts or {}).get(n), wait=wait, label=n == label_at, **call)
 
     def _calls(self, rnd: int, items: list[dict[str, Any]]) -> list[int]:
         rng = self.rng
@@ -434,24 +412,12 @@ class Run:
 
     # ---- labels ------------------------------------------------------------------------------
     def label_call(self, n: int) -> None:
+        assert self.by_call is None and self.by_round is None, f"{self.name}: one label point"
         self.by_call = n
 
     def label_round(self, n: int) -> None:
+        assert self.by_call is None and self.by_round is None, f"{self.name}: one label point"
         self.by_round = n
-
-    def first_round(self, predicate: Callable[[int, float], bool]) -> int:
-        """The first round whose cumulative (tokens, cost) satisfies predicate."""
-        for rnd, tokens, cost in self.round_totals:
-            if predicate(tokens, cost):
-                return rnd
-        raise AssertionError(f"{self.name}: no round satisfies the budget predicate")
-
-    def first_call_after(self, seconds: float) -> int:
-        limit = self.start + timedelta(seconds=seconds)
-        for i, at in enumerate(self.call_times, 1):
-            if at >= limit:
-                return i
-        raise AssertionError(f"{self.name}: no call after {seconds}s")
 
     def finalize(self) -> list[dict[str, Any]]:
         labels: dict[str, str] = {"expect": self.expect}

@@ -106,6 +106,7 @@ def build() -> list[tuple[str, list[dict[str, Any]], Run]]:
         name = scenario.name
         assert name not in names, name
         names.add(name)
+        assert scenario.play is not None, name
         run = Run(scenario)
         scenario.play(run)
         built.append((name, run.finalize(), run))

@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import zlib
+from datetime import timedelta
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    loop,
-)
+from tests.ingest.detection.corpus.builder import Run, loop
+
+
+def _overrun(r: Run, *, answer: str | None = None) -> None:
+    """Label the point where consumption reaches the run's one declared budget, and end the run there.
+
+    That is the call (`max_tool_calls`, `max_wall_s`: the first call at or after the wall limit) or
+    the round (`max_rounds`; `max_tokens`, `max_cost_usd`: cumulative over the rounds) of the limit.
+    """
+    assert r.scenario.budgets is not None and len(r.scenario.budgets) == 1, r.name
+    [(budget_type, limit)] = r.scenario.budgets.items()
+    if budget_type == "max_tool_calls":
+        r.label_call(limit)
+    elif budget_type == "max_rounds":
+        r.label_round(limit)
+    elif budget_type in ("max_tokens", "max_cost_usd"):
+        used = 1 if budget_type == "max_tokens" else 2  # (round, tokens, cost)
+        r.label_round(next(totals[0] for totals in r.round_totals if totals[used] >= limit))
+    else:
+        assert budget_type == "max_wall_s", budget_type
+        wall = r.start + timedelta(seconds=limit)
+        r.label_call(next(n for n, at in enumerate(r.call_times, 1) if at >= wall))
+    r.finish("truncated", terminated_by="budget", budget_type=budget_type, answer=answer)
 
 
 @loop("budget", "budget_tool_calls", "code-reviewer", "code_review", "gpt-4o", budgets={"max_tool_calls": 20})
@@ -16,37 +36,14 @@ def loop_budget_max_tool_calls(r: Run) -> None:
     r.user("Review the PR that refactors the payment adapters.")
     files = [
         f"src/payments/adapters/{n}.py"
-        for n in [
-            "base",
-            "stripe",
-            "adyen",
-            "paypal",
-            "klarna",
-            "mollie",
-            "braintree",
-            "square",
-            "worldpay",
-            "checkout_com",
-            "gocardless",
-            "sepa",
-            "ideal",
-            "bancontact",
-            "giropay",
-            "sofort",
-            "eps",
-            "przelewy24",
-            "blik",
-            "twint",
-            "mobilepay",
-            "vipps",
-            "swish",
-            "trustly",
-            "satispay",
-            "bizum",
-        ]
+        for n in (
+            "base stripe adyen paypal klarna mollie braintree square worldpay checkout_com gocardless sepa "
+            "ideal bancontact giropay sofort eps przelewy24 blik twint mobilepay vipps swish trustly "
+            "satispay bizum"
+        ).split()
     ]
     for i, f in enumerate(files):
-        idx = r.step(
+        r.step(
             "read_file",
             {"path": f},
             {
@@ -55,9 +52,7 @@ def loop_budget_max_tool_calls(r: Run) -> None:
                 "content": f"class {f.rsplit('/', 1)[1].title()}Adapter(BaseAdapter):\n    ...",
             },
         )
-        if i + 1 == 20:
-            r.label_call(idx)
-    r.finish("truncated", terminated_by="budget", budget_type="max_tool_calls")
+    _overrun(r)
 
 
 @loop(
@@ -67,7 +62,6 @@ def loop_budget_max_rounds(r: Run) -> None:
     """Agent runs 15 model rounds against a declared max_rounds=10."""
     r.user("Find duplicate customer records created in February and list them.")
     for i in range(14):
-        rnd_before = r.rounds
         r.step(
             "sql_query",
             {
@@ -76,14 +70,7 @@ def loop_budget_max_rounds(r: Run) -> None:
             },
             {"rows": [[40000 + i * 7, 40003 + i * 7]], "row_count": 1},
         )
-        if rnd_before + 1 == 10:
-            r.label_round(10)
-    r.finish(
-        "truncated",
-        terminated_by="budget",
-        budget_type="max_rounds",
-        answer="Found 14 duplicate pairs so far (one per day checked).",
-    )
+    _overrun(r, answer="Found 14 duplicate pairs so far (one per day checked).")
 
 
 @loop(
@@ -109,8 +96,7 @@ def loop_budget_max_cost(r: Run) -> None:
                 "content": f"# Chapter {ch}\n" + ("Revenue grew in all regions. " * 220),
             },
         )
-    r.label_round(r.first_round(lambda tokens, cost: cost >= 0.03))
-    r.finish("truncated", terminated_by="budget", budget_type="max_cost_usd")
+    _overrun(r)
 
 
 @loop(
@@ -133,8 +119,7 @@ def loop_budget_max_tokens(r: Run) -> None:
                 "content": f"[{h:02d}:00:01] INFO batch step {h} started\n" + ("DEBUG tick\n" * 900),
             },
         )
-    r.label_round(r.first_round(lambda tokens, cost: tokens >= 150000))
-    r.finish("truncated", terminated_by="budget", budget_type="max_tokens")
+    _overrun(r)
 
 
 @loop("budget", "budget_wall_clock", "site-auditor", "crawl", "gpt-4.1-mini", budgets={"max_wall_s": 600})
@@ -148,8 +133,7 @@ def loop_budget_max_wall(r: Run) -> None:
             {"status": 200, "links": 30 + k, "broken": [f"/old/page-{k}"] if k % 5 == 0 else []},
             latency=r.rng.uniform(40, 55),
         )
-    r.label_call(r.first_call_after(600))
-    r.finish("truncated", terminated_by="budget", budget_type="max_wall_s")
+    _overrun(r)
 
 
 @loop(
@@ -163,56 +147,20 @@ def loop_budget_max_wall(r: Run) -> None:
 def loop_budget_tool_calls_parallel(r: Run) -> None:
     """Parallel batches of 6 quote lookups overrun max_tool_calls=30 (36 calls, the 30th mid-batch)."""
     r.user("Give me today's prices for every ticker in my watchlist.")
-    tickers = [
-        "AAPL",
-        "MSFT",
-        "NVDA",
-        "AMZN",
-        "GOOGL",
-        "META",
-        "ASML",
-        "SAP",
-        "NESN",
-        "NOVO-B",
-        "MC",
-        "OR",
-        "TTE",
-        "SIE",
-        "ALV",
-        "AIR",
-        "SAN",
-        "BNP",
-        "ENEL",
-        "ISP",
-        "IBE",
-        "DTE",
-        "BAS",
-        "BAYN",
-        "VOW3",
-        "BMW",
-        "MBG",
-        "RMS",
-        "KER",
-        "ADS",
-        "ABI",
-        "INGA",
-        "PHIA",
-        "HEIA",
-        "DSY",
-        "SU",
-    ]
+    tickers = (
+        "AAPL MSFT NVDA AMZN GOOGL META ASML SAP NESN NOVO-B MC OR TTE SIE ALV AIR SAN BNP ENEL ISP IBE DTE "
+        "BAS BAYN VOW3 BMW MBG RMS KER ADS ABI INGA PHIA HEIA DSY SU"
+    ).split()
     for b in range(6):
         group = tickers[b * 6 : (b + 1) * 6]
-        idxs = r.batch(
+        r.batch(
             [
-                {
-                    "tool": "get_stock_price",
-                    "args": {"symbol": t},
-                    "result": {"symbol": t, "price": round(20 + (zlib.crc32(t.encode()) % 50000) / 100, 2)},
-                }
+                (
+                    "get_stock_price",
+                    {"symbol": t},
+                    {"symbol": t, "price": round(20 + (zlib.crc32(t.encode()) % 50000) / 100, 2)},
+                )
                 for t in group
             ]
         )
-        if 30 in idxs:
-            r.label_call(30)
-    r.finish("truncated", terminated_by="budget", budget_type="max_tool_calls")
+    _overrun(r)

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    loop,
-)
+from tests.ingest.detection.corpus.builder import Run, loop
+
+# Label points: the 2nd asking/announcement when it is word for word, the 3rd when it is paraphrased;
+# the 3rd empty response in a row.
+VERBATIM, PARAPHRASED, EMPTY = 2, 3, 3
+
+
+def _say(
+    r: Run,
+    texts: list[str | None],
+    *,
+    label_at: int,
+    replies: list[str] | None = None,
+    think: tuple[float, float] = (4, 40),
+    out: int | None = None,
+) -> None:
+    """Model rounds without a tool call, one per text, each answered by the next reply while any are
+    left; `label_at` numbers the rounds from 1. `out`: the output tokens of an empty response.
+    """
+    for n, text in enumerate(texts, 1):
+        r.model(text, out=out, label=n == label_at)
+        if replies and n <= len(replies):
+            r.user(replies[n - 1], think=think)
 
 
 @loop("clarification", "clarify_same_question_verbatim", "support-bot", "order_support", "gpt-4o")
@@ -23,14 +42,13 @@ def loop_clarify_verbatim(r: Run) -> None:
         },
     )
     q = "Which order would you like to cancel: A-40112 (Bose QC45 headphones) or A-40117 (USB-C charger)?"
-    r.model(q)
-    r.user("The headphones one.")
-    r.label_round(r.model(q))
-    r.user("A-40112. The headphones.")
-    r.model(q)
-    r.user("I already told you twice. A-40112!")
-    r.model(q)
-    r.user("Forget it, I'll call support.")
+    replies = [
+        "The headphones one.",
+        "A-40112. The headphones.",
+        "I already told you twice. A-40112!",
+        "Forget it, I'll call support.",
+    ]
+    _say(r, [q] * 4, replies=replies, label_at=VERBATIM)
     r.finish("abandoned", terminated_by="user")
 
 
@@ -61,11 +79,7 @@ def loop_clarify_paraphrased(r: Run) -> None:
         "ADDR-1. 12 Rue de Rivoli, 75004 Paris. Same as I said.",
         "Are you reading my messages?",
     ]
-    for i, (ask, ans) in enumerate(zip(asks, answers, strict=True)):
-        rnd = r.model(ask)
-        if i == 2:
-            r.label_round(rnd)
-        r.user(ans)
+    _say(r, asks, replies=answers, label_at=PARAPHRASED)
     r.finish("abandoned", terminated_by="user")
 
 
@@ -82,9 +96,7 @@ def loop_clarify_after_tools(r: Run) -> None:
         "When would you like to depart and return?",
     ]
     for i, ask in enumerate(asks):
-        rnd = r.model(ask)
-        if i == 2:
-            r.label_round(rnd)
+        r.model(ask, label=i + 1 == PARAPHRASED)
         r.user("Out on April 3rd, back April 10th." if i < 3 else "I have given you the dates three times.")
         r.step(
             "search_flights",
@@ -103,11 +115,7 @@ def loop_clarify_after_tools(r: Run) -> None:
 def loop_monologue_will_check(r: Run) -> None:
     """'I will now check the order status.' six rounds in a row with no tool call."""
     r.user("Has order A-77310 shipped?")
-    r.model("I will now check the order status.")
-    for i in range(5):
-        rnd = r.model("I will now check the order status.")
-        if i == 0:
-            r.label_round(rnd)
+    _say(r, ["I will now check the order status."] * 6, label_at=VERBATIM)
     r.finish("truncated", terminated_by="loop")
 
 
@@ -125,12 +133,8 @@ def loop_monologue_paraphrased(r: Run) -> None:
         "I will now get the invoice.",
         "Let me retrieve the March invoice for you now.",
     ]
-    for i, text in enumerate(texts):
-        rnd = r.model(text)
-        if i == 2:
-            r.label_round(rnd)
-        if i < len(texts) - 1:
-            r.user("Please continue with the task.", think=(0.2, 0.6))
+    nudges = ["Please continue with the task."] * (len(texts) - 1)
+    _say(r, texts, replies=nudges, think=(0.2, 0.6), label_at=PARAPHRASED)
     r.finish("truncated", terminated_by="loop")
 
 
@@ -151,12 +155,7 @@ def loop_monologue_after_work(r: Run) -> None:
         {"customer_id": "C-0042"},
         {"customer_id": "C-0042", "name": "Globex", "admin_email": "it-admin@globex.example"},
     )
-    text = "I will now send the summary email to it-admin@globex.example."
-    r.model(text)
-    for i in range(4):
-        rnd = r.model(text)
-        if i == 0:
-            r.label_round(rnd)
+    _say(r, ["I will now send the summary email to it-admin@globex.example."] * 5, label_at=VERBATIM)
     r.finish("truncated", terminated_by="loop")
 
 
@@ -172,10 +171,7 @@ def loop_empty_local(r: Run) -> None:
             "items": [{"iid": 811, "title": "Add CSV export"}, {"iid": 815, "title": "Fix TZ bug"}],
         },
     )
-    for i in range(6):
-        rnd = r.model(None, out=0)
-        if i == 2:
-            r.label_round(rnd)
+    _say(r, [None] * 6, out=0, label_at=EMPTY)
     r.finish("failed", terminated_by="error", reason="model returned no output")
 
 
@@ -190,10 +186,7 @@ def loop_empty_after_error(r: Run) -> None:
         status="error",
         error_class="invalid_argument",
     )
-    for i in range(5):
-        rnd = r.model("", out=1)
-        if i == 2:
-            r.label_round(rnd)
+    _say(r, [""] * 5, out=1, label_at=EMPTY)
     r.finish("failed")
 
 
@@ -206,8 +199,5 @@ def loop_empty_whitespace(r: Run) -> None:
         {"path": "notes/shortlist.md"},
         {"content": "- ThinkPad X1 Carbon Gen 12\n- MacBook Air 13 M3\n", "lines": 2},
     )
-    for i, text in enumerate(["\n", "\n\n", " ", "\n", " \n "]):
-        rnd = r.model(text, out=1)
-        if i == 2:
-            r.label_round(rnd)
+    _say(r, ["\n", "\n\n", " ", "\n", " \n "], out=1, label_at=EMPTY)
     r.finish("failed")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    loop,
-)
+from tests.ingest.detection.corpus.builder import Run, loop
 
 
 @loop("duplicate_write", "write_retry_after_timeout_same_key", "shop-assistant", "purchase", "gpt-4o")
@@ -19,25 +16,10 @@ def loop_dup_write_place_order_timeout(r: Run) -> None:
     )
     args = {"sku": "LAV-QO-1000", "qty": 1, "address_id": "ADDR-1", "payment_method": "card_on_file"}
     key = "op-ord-" + r.hex(12)
-    r.step(
-        "place_order",
-        args,
-        "Timed out after 30s",
-        status="timeout",
-        operation_key=key,
-        step_id="s3",
-        text="Placing the order now.",
-    )
-    retry = r.step(
-        "place_order",
-        args,
-        "Timed out after 30s",
-        status="timeout",
-        operation_key=key,
-        step_id="s3",
-        text="The order request timed out; let me try again.",
-    )
-    r.label_call(retry)
+    timeout = {"status": "timeout", "operation_key": key, "step_id": "s3"}
+    r.step("place_order", args, "Timed out after 30s", text="Placing the order now.", **timeout)
+    retry = "The order request timed out; let me try again."
+    r.step("place_order", args, "Timed out after 30s", text=retry, label=True, **timeout)
     r.step(
         "place_order",
         args,
@@ -82,15 +64,14 @@ def loop_dup_write_refund_step_id(r: Run) -> None:
     )
     args = {"payment_id": "PAY-30218", "amount": 49.9, "reason": "not_shipped"}
     r.step("refund_payment", args, None, status="timeout", step_id="refund-PAY-30218")
-    r.label_call(
-        r.step(
-            "refund_payment",
-            args,
-            {"refund_id": "RF-1182", "status": "succeeded"},
-            step_id="refund-PAY-30218",
-            text="The refund call timed out. Retrying it.",
-            external_request_id="re_3NqT1182",
-        )
+    r.step(
+        "refund_payment",
+        args,
+        {"refund_id": "RF-1182", "status": "succeeded"},
+        step_id="refund-PAY-30218",
+        text="The refund call timed out. Retrying it.",
+        external_request_id="re_3NqT1182",
+        label=True,
     )
     r.step(
         "get_payment",
@@ -129,16 +110,16 @@ def loop_dup_write_email_same_key(r: Run) -> None:
         "vars": {"invoice_id": "INV-2026-0190", "amount": "1,290.00 EUR"},
     }
     r.step("send_email", body, None, status="timeout", operation_key=key, step_id="step-4")
-    r.label_call(
-        r.step(
-            "send_email",
-            body,
-            None,
-            status="timeout",
-            operation_key=key,
-            step_id="step-5",
-            text="The email service timed out; sending again.",
-        )
+    retry = "The email service timed out; sending again."
+    r.step(
+        "send_email",
+        body,
+        None,
+        status="timeout",
+        operation_key=key,
+        step_id="step-5",
+        text=retry,
+        label=True,
     )
     r.step(
         "send_email",

@@ -5,33 +5,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.ingest.detection.corpus.builder import (
-    RETRY_QUOTA,
-    Run,
-    loop,
-)
+from tests.ingest.detection.corpus.builder import RETRY_QUOTA, Run, loop
+
+RETRYABLE = ("transient", "rate_limited")
 
 
 def _fail_repeat(
     r: Run,
     tool: str,
-    args: dict | Callable[[Run], dict],
+    args: dict[str, Any] | Callable[[Run], dict[str, Any]],
     error: Any,
+    *,
     error_class: str,
     attempts: int,
-    label_attempt: int,
-    *,
-    status: str = "error",
     gap: tuple[float, float] | None = None,
     texts: dict[int, str] | None = None,
 ) -> None:
-    for i in range(1, attempts + 1):
-        a = args(r) if callable(args) else args
-        idx = r.step(
-            tool, a, error, status=status, error_class=error_class, wait=gap or 0.0, text=(texts or {}).get(i)
-        )
-        if i == label_attempt:
-            r.label_call(idx)
+    """The same call failing the same way `attempts` times (`args` may draw fresh noise per call).
+
+    The label point is the 2nd identical failure, or for a retryable class the attempt after the
+    retry quota is spent (RETRY_QUOTA + 2). An empty result comes back with status ok.
+    """
+    label_at = RETRY_QUOTA + 2 if error_class in RETRYABLE else 2
+    status = "ok" if error_class == "empty_result" else "error"
+    calls = ((tool, args(r) if callable(args) else args, error) for _ in range(attempts))
+    r.steps(calls, label_at=label_at, texts=texts, wait=gap or 0.0, status=status, error_class=error_class)
 
 
 @loop("repeated_error", "repeat_invalid_argument", "support-bot", "order_lookup", "gpt-4o")
@@ -43,9 +41,8 @@ def loop_error_invalid_argument(r: Run) -> None:
         "get_order",
         {"order_id": "20931"},
         {"error": "invalid order_id '20931': must match ^A-\\d{5}$"},
-        "invalid_argument",
+        error_class="invalid_argument",
         attempts=6,
-        label_attempt=2,
         texts={1: "Let me look that order up.", 2: "Let me try that again."},
     )
     r.finish("failed", terminated_by="error", reason="invalid_argument repeated")
@@ -66,9 +63,8 @@ def loop_error_not_found_file(r: Run) -> None:
         "read_file",
         {"path": "src/utils/helpers.py"},
         {"error": "No such file or directory: 'src/utils/helpers.py'"},
-        "not_found",
+        error_class="not_found",
         attempts=5,
-        label_attempt=2,
     )
     r.finish("failed", terminated_by="error")
 
@@ -85,9 +81,8 @@ def loop_error_rate_limited_no_backoff(r: Run) -> None:
             "&state=open&per_page=100"
         },
         {"status": 429, "message": "API rate limit exceeded", "retry_after_s": 60},
-        "rate_limited",
+        error_class="rate_limited",
         attempts=8,
-        label_attempt=RETRY_QUOTA + 2,
         gap=(0.2, 0.9),
     )
     r.finish("failed", terminated_by="error")
@@ -105,9 +100,8 @@ def loop_error_permission(r: Run) -> None:
             "database": "warehouse",
         },
         {"error": "permission denied for schema hr", "sqlstate": "42501"},
-        "permission",
+        error_class="permission",
         attempts=5,
-        label_attempt=2,
     )
     r.finish("failed")
 
@@ -124,9 +118,8 @@ def loop_error_parse_error(r: Run) -> None:
             "ON o.customer_id = c.id GROUP BY c.name ORDER BY spend DESC LIMIT 10"
         },
         {"error": 'syntax error at or near "SELEC"', "position": 1},
-        "parse_error",
+        error_class="parse_error",
         attempts=5,
-        label_attempt=2,
         texts={2: "Let me run the query again."},
     )
     r.finish("failed")
@@ -141,9 +134,8 @@ def loop_error_transient_no_backoff(r: Run) -> None:
         "http_get",
         {"url": "https://inventory.internal.example/v1/stock?sku=KETTLE-STEEL&wh=LYS1"},
         {"status": 503, "body": "upstream connect error or disconnect/reset before headers"},
-        "transient",
+        error_class="transient",
         attempts=8,
-        label_attempt=RETRY_QUOTA + 2,
         gap=(0.1, 0.5),
     )
     r.finish("failed", terminated_by="error")
@@ -158,10 +150,8 @@ def loop_error_empty_result(r: Run) -> None:
         "search_orders",
         {"email": "jon.smith@exmaple.com", "since": "2026-03-01"},
         {"orders": []},
-        "empty_result",
+        error_class="empty_result",
         attempts=6,
-        label_attempt=2,
-        status="ok",
     )
     r.finish("abandoned", terminated_by="user")
 
@@ -175,8 +165,7 @@ def loop_error_not_found_noise(r: Run) -> None:
         "get_invoice",
         lambda rr: {"invoice_id": "INV-2026-0042", "request_id": rr.req_id(), "timestamp": rr.now()},
         {"error": "invoice INV-2026-0042 not found"},
-        "not_found",
+        error_class="not_found",
         attempts=6,
-        label_attempt=2,
     )
     r.finish("failed")

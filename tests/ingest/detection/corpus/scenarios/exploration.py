@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import random
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    ok,
-    order_record,
-)
+from tests.ingest.detection.corpus.builder import Run, ok, order_record
 
 LONG_RUN_BUDGETS = {
     "max_tool_calls": 200,
@@ -21,49 +17,17 @@ LONG_RUN_BUDGETS = {
 
 PACKAGES = {
     "src/ledger": ["accounts", "entries", "journal", "balances", "periods", "closing", "fx", "exports"],
-    "src/billing": [
-        "invoice",
-        "tax",
-        "credit_notes",
-        "dunning",
-        "pricing",
-        "proration",
-        "coupons",
-        "statements",
-    ],
-    "src/payments": [
-        "gateway",
-        "webhooks",
-        "refunds",
-        "disputes",
-        "payouts",
-        "retries",
-        "mandates",
-        "tokens",
-    ],
+    "src/billing": "invoice tax credit_notes dunning pricing proration coupons statements".split(),
+    "src/payments": "gateway webhooks refunds disputes payouts retries mandates tokens".split(),
     "src/api": ["views", "serializers", "permissions", "pagination", "throttling", "errors", "routes"],
     "src/users": ["models", "auth", "sessions", "invites", "roles", "audit"],
     "src/common": ["money", "dates", "ids", "cache", "locks", "events", "settings"],
 }
 
 
-VERBS = [
-    "load",
-    "save",
-    "compute",
-    "validate",
-    "render",
-    "apply",
-    "build",
-    "parse",
-    "merge",
-    "close",
-    "post",
-    "reverse",
-    "sync",
-    "match",
-    "split",
-]
+VERBS = (
+    "load save compute validate render apply build parse merge close post reverse sync match split".split()
+)
 
 
 def py_source(rng: random.Random, path: str) -> str:
@@ -131,32 +95,12 @@ def ok_grep_many_patterns(r: Run) -> None:
     r.user(
         "Find every use of deprecated datetime APIs (utcnow, utcfromtimestamp, naive datetimes) and list them."
     )
-    pats = [
-        "datetime.utcnow",
-        "utcfromtimestamp",
-        "datetime.now()",
-        "time.mktime",
-        "pytz.localize",
-        "tzinfo=None",
-        "replace(tzinfo=",
-        "dateutil.parser",
-        "strptime(",
-        "date.today()",
-        "timezone.utc",
-        "astimezone()",
-        "fromtimestamp(",
-        "isoformat()",
-        "timedelta(days",
-        "calendar.timegm",
-        "time.time()",
-        "USE_TZ",
-        "make_aware",
-        "make_naive",
-        "localtime(",
-        "utc_offset",
-        "datetime.min",
-        "datetime.max",
-    ]
+    pats = (
+        "datetime.utcnow utcfromtimestamp datetime.now() time.mktime pytz.localize tzinfo=None "
+        "replace(tzinfo= dateutil.parser strptime( date.today() timezone.utc astimezone() fromtimestamp( "
+        "isoformat() timedelta(days calendar.timegm time.time() USE_TZ make_aware make_naive localtime( "
+        "utc_offset datetime.min datetime.max"
+    ).split()
     files = [f"{pkg}/{m}.py" for pkg, mods in PACKAGES.items() for m in mods]
     for i, p in enumerate(pats):
         hits = [
@@ -180,26 +124,26 @@ def ok_parallel_weather(r: Run) -> None:
     cities = ["Porto", "Seville", "Valencia", "Nice", "Split"]
     r.batch(
         [
-            {
-                "tool": "get_weather",
-                "args": {"city": c, "units": "metric"},
-                "result": {
+            (
+                "get_weather",
+                {"city": c, "units": "metric"},
+                {
                     "city": c,
                     "temp_c": 14 + k * 1.5,
                     "conditions": ["cloudy", "sunny", "sunny", "windy", "sunny"][k],
                 },
-            }
+            )
             for k, c in enumerate(cities)
         ],
         text="Checking the current weather in all five cities.",
     )
     r.batch(
         [
-            {
-                "tool": "get_forecast",
-                "args": {"city": c, "days": 7},
-                "result": {"city": c, "max_c": [17, 24, 21, 18, 19][k], "rain_days": [4, 0, 1, 2, 1][k]},
-            }
+            (
+                "get_forecast",
+                {"city": c, "days": 7},
+                {"city": c, "max_c": [17, 24, 21, 18, 19][k], "rain_days": [4, 0, 1, 2, 1][k]},
+            )
             for k, c in enumerate(cities)
         ]
     )
@@ -214,38 +158,24 @@ def ok_parallel_get_orders(r: Run) -> None:
     r.step("search_orders", {"customer_id": "C-1000", "month": "2026-02"}, {"order_ids": ids})
     r.batch(
         [
-            {
-                "tool": "get_order",
-                "args": {"order_id": i},
-                "result": order_record(
+            (
+                "get_order",
+                {"order_id": i},
+                order_record(
                     i,
                     "shipped",
                     [("SKU-" + str(k), 1, 10.0 + k)],
                     f"2026-02-1{k}T10:00:00Z",
                     tracking=f"TRK{k}{i[-3:]}",
                 ),
-            }
+            )
             for k, i in enumerate(ids)
         ]
     )
+    statuses = "delivered in_transit delivered out_for_delivery delivered in_transit".split()
     r.batch(
-        [
-            {
-                "tool": "get_shipment",
-                "args": {"tracking_number": f"TRK{k}{i[-3:]}"},
-                "result": {
-                    "status": [
-                        "delivered",
-                        "in_transit",
-                        "delivered",
-                        "out_for_delivery",
-                        "delivered",
-                        "in_transit",
-                    ][k]
-                },
-            }
-            for k, i in enumerate(ids)
-        ]
+        ("get_shipment", {"tracking_number": f"TRK{k}{i[-3:]}"}, {"status": statuses[k]})
+        for k, i in enumerate(ids)
     )
     r.finish("succeeded", answer="3 delivered, 2 in transit, 1 out for delivery.")
 
@@ -254,27 +184,20 @@ def ok_parallel_get_orders(r: Run) -> None:
 def ok_parallel_metrics_rounds(r: Run) -> None:
     """Incident watch: the same 3-metric batch every 30s for 5 rounds; every value changes each round."""
     r.user("Watch checkout for the next few minutes after the rollback and tell me when it's stable.")
-    p99 = [2400, 1800, 950, 610, 540]
-    err = [0.081, 0.044, 0.012, 0.004, 0.003]
-    rps = [310, 355, 402, 441, 447]
+    series = {
+        "latency_p99_ms": [2400, 1800, 950, 610, 540],
+        "error_rate": [0.081, 0.044, 0.012, 0.004, 0.003],
+        "rps": [310, 355, 402, 441, 447],
+    }
     for k in range(5):
         r.batch(
             [
-                {
-                    "tool": "get_metric",
-                    "args": {"service": "checkout", "metric": "latency_p99_ms", "window": "1m"},
-                    "result": {"value": p99[k]},
-                },
-                {
-                    "tool": "get_metric",
-                    "args": {"service": "checkout", "metric": "error_rate", "window": "1m"},
-                    "result": {"value": err[k]},
-                },
-                {
-                    "tool": "get_metric",
-                    "args": {"service": "checkout", "metric": "rps", "window": "1m"},
-                    "result": {"value": rps[k]},
-                },
+                (
+                    "get_metric",
+                    {"service": "checkout", "metric": metric, "window": "1m"},
+                    {"value": values[k]},
+                )
+                for metric, values in series.items()
             ],
             wait=(28, 32) if k else 0.0,
             text="Checking checkout metrics." if k < 4 else None,
@@ -297,10 +220,10 @@ def ok_research_parallel(r: Run) -> None:
     for a, aspect in enumerate(aspects):
         r.batch(
             [
-                {
-                    "tool": "web_search",
-                    "args": {"query": f"{c} {aspect}"},
-                    "result": {
+                (
+                    "web_search",
+                    {"query": f"{c} {aspect}"},
+                    {
                         "results": [
                             {
                                 "title": f"{c}: {aspect} ({k})",
@@ -309,7 +232,7 @@ def ok_research_parallel(r: Run) -> None:
                             for k in range(3)
                         ]
                     },
-                }
+                )
                 for c in countries
             ]
         )
@@ -422,21 +345,11 @@ def ok_sql_exploration(r: Run) -> None:
             [[f"{dim}_{k}", 400 - k * 50 - j] for k in range(3)],
         )
         for j, dim in enumerate(
-            [
-                "plan",
-                "country",
-                "acquisition_channel",
-                "payment_method",
-                "tenure_bucket",
-                "support_tickets_bucket",
-                "price_change_flag",
-                "seats_bucket",
-                "industry",
-                "cancel_reason",
-                "last_login_bucket",
-                "nps_bucket",
-                "discount_expired",
-            ]
+            (
+                "plan country acquisition_channel payment_method tenure_bucket support_tickets_bucket "
+                "price_change_flag seats_bucket industry cancel_reason last_login_bucket nps_bucket "
+                "discount_expired"
+            ).split()
         )
     ]
     for sql, rows in queries:

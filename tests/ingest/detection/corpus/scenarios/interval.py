@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.ingest.detection.corpus.builder import (
-    FUZZY_SLACK,
-    Run,
-    loop,
-    order_record,
-)
+from tests.ingest.detection.corpus.builder import FUZZY_SLACK, Action, Run, loop, order_record
 
 
-def _sequence(
-    r: Run,
-    actions: dict[str, tuple[str, dict, Any]],
-    order: str,
-    label_at: int,
-    texts: dict[int, str] | None = None,
+def _interval(
+    r: Run, actions: dict[str, Action], order: str, *, stale_return: int, texts: dict[int, str] | None = None
 ) -> None:
-    """Run actions by letter in `order`; label the call at 1-based position `label_at` of the sequence."""
-    for pos, letter in enumerate(order, 1):
-        tool, args, result = actions[letter]
-        idx = r.step(tool, args, result, text=(texts or {}).get(pos))
-        if pos == label_at:
-            r.label_call(idx)
+    """Play the actions by letter in `order`.
+
+    `stale_return` is the call (numbered from 1) at which the returning action first comes back with
+    only repeated results since its previous occurrence, and for at least the 3rd time; the label
+    point is FUZZY_SLACK calls later.
+    """
+    r.steps([actions[letter] for letter in order], label_at=stale_return + FUZZY_SLACK, texts=texts)
 
 
 @loop("interval_loop", "interval_search_returns", "research-assistant", "research", "gpt-4o")
@@ -72,11 +62,11 @@ def loop_interval_research_search(r: Run) -> None:
         ),
     }
     # S at 1, 5, 8, 11, 15: novelty stops after call 4; the third return of S is call 8.
-    _sequence(
+    _interval(
         r,
         actions,
         "SABCSABSCASBCAS",
-        label_at=8 + FUZZY_SLACK,
+        stale_return=8,
         texts={5: "I still need the exact revenue figure; let me search again."},
     )
     r.finish("truncated", terminated_by="loop")
@@ -112,7 +102,7 @@ def loop_interval_file_reread(r: Run) -> None:
         ),
     }
     # R at 2, 6, 9, 12, 16: novelty stops after call 5; the third return of R is call 9.
-    _sequence(r, actions, "DRGLERGLREGRLEGR", label_at=9 + FUZZY_SLACK)
+    _interval(r, actions, "DRGLERGLREGRLEGR", stale_return=9)
     r.finish("truncated", terminated_by="loop")
 
 
@@ -151,7 +141,7 @@ def loop_interval_order_support(r: Run) -> None:
         ),
     }
     # O at 2, 5, 9, 12, 16: novelty stops after call 4; the third return of O is call 9.
-    _sequence(r, actions, "XOYZOXZYOXYOZXYO", label_at=9 + FUZZY_SLACK)
+    _interval(r, actions, "XOYZOXZYOXYOZXYO", stale_return=9)
     r.finish("abandoned", terminated_by="user")
 
 
@@ -194,5 +184,5 @@ def loop_interval_kb(r: Run) -> None:
     }
     # K at 1, 4, 8, 11, 15: P (call 5) is the last new result, so the first return of K with only repeats
     # since its previous occurrence is call 11.
-    _sequence(r, actions, "KMNKPMNKPMKNPMKNP", label_at=11 + FUZZY_SLACK)
+    _interval(r, actions, "KMNKPMNKPMKNPMKNP", stale_return=11)
     r.finish("truncated", terminated_by="loop")

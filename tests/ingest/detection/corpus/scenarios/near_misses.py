@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    ok,
-    order_record,
-)
+from tests.ingest.detection.corpus.builder import Run, ok, order_record
 
 
 @ok("same_read_twice", "billing-assistant", "refund", "claude-sonnet-4-5")

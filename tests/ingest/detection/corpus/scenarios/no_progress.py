@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.ingest.detection.corpus.builder import (
-    FUZZY_SLACK,
-    NO_PROGRESS_K,
-    Run,
-    loop,
-)
+from tests.ingest.detection.corpus.builder import FUZZY_SLACK, NO_PROGRESS_K, Action, Run, loop
 
 
-def _stall(r: Run, calls: list[tuple[str, dict, Any]], texts: dict[int, str] | None = None) -> None:
-    """Different-looking calls whose results bring nothing new; label K+slack into the stall."""
-    for i, (tool, args, result) in enumerate(calls):
-        idx = r.step(tool, args, result, text=(texts or {}).get(i))
-        if i == NO_PROGRESS_K - 1 + FUZZY_SLACK:
-            r.label_call(idx)
+def _stall(r: Run, calls: list[Action], *, texts: dict[int, str] | None = None) -> None:
+    """Different-looking calls whose results bring nothing new; the label point is the K-th call of
+    the stall + FUZZY_SLACK. `texts` number the calls from 1.
+    """
+    r.steps(calls, label_at=NO_PROGRESS_K + FUZZY_SLACK, texts=texts)
 
 
 @loop("no_progress", "no_progress_varied_queries", "helpdesk", "it_support", "gpt-4o")
@@ -69,7 +61,7 @@ def loop_no_progress_kb_queries(r: Run) -> None:
         "mac mail password prompt",
         "outlook repeated authentication",
     ]
-    calls: list[tuple[str, dict, Any]] = []
+    calls: list[Action] = []
     for kq, tq in zip(kb_queries, ticket_queries, strict=True):
         calls.append(("search_kb", {"query": kq}, arts))
         calls.append(("search_tickets", {"query": tq}, tickets))
@@ -77,8 +69,8 @@ def loop_no_progress_kb_queries(r: Run) -> None:
         r,
         calls,
         texts={
-            0: "Those articles are for Windows. Let me search for the Mac-specific fix.",
-            8: "Let me try different wording.",
+            1: "Those articles are for Windows. Let me search for the Mac-specific fix.",
+            9: "Let me try different wording.",
         },
     )
     r.finish("abandoned", terminated_by="user")
@@ -94,20 +86,10 @@ def loop_no_progress_empty_greps(r: Run) -> None:
         {"pattern": "discount", "path": "src/cart"},
         {"matches": [{"path": "src/cart/totals.py", "line": 33, "text": "total -= promotions.apply(cart)"}]},
     )
-    patterns = [
-        "loyalty_discount",
-        "LoyaltyDiscount",
-        "loyalty",
-        "apply_loyalty",
-        "LOYALTY_RATE",
-        "tier_discount",
-        "member_discount",
-        "points_discount",
-        "discount_pct",
-        "loyalty_tier",
-        "LoyaltyRule",
-        "get_loyalty",
-    ]
+    patterns = (
+        "loyalty_discount LoyaltyDiscount loyalty apply_loyalty LOYALTY_RATE tier_discount member_discount "
+        "points_discount discount_pct loyalty_tier LoyaltyRule get_loyalty"
+    ).split()
     paths = ["src", "src/promotions", "src/billing", "src/users"]
     calls = [
         ("grep", {"pattern": p, "path": paths[i % 4], "ignore_case": i % 2 == 0}, {"matches": []})
@@ -115,23 +97,13 @@ def loop_no_progress_empty_greps(r: Run) -> None:
     ]
     calls += [
         ("find_files", {"glob": g}, {"files": []})
-        for g in [
-            "**/*loyal*",
-            "**/*tier*.py",
-            "**/discount*.py",
-            "src/**/rules_*.py",
-            "**/*member*",
-            "**/*points*",
-            "**/*reward*",
-            "**/*bonus*.py",
-            "**/*perk*",
-            "**/*vip*",
-            "**/*club*",
-            "**/*promo_*.py",
-        ]
+        for g in (
+            "**/*loyal* **/*tier*.py **/discount*.py src/**/rules_*.py **/*member* **/*points* **/*reward* "
+            "**/*bonus*.py **/*perk* **/*vip* **/*club* **/*promo_*.py"
+        ).split()
     ]
     r.rng.shuffle(calls)
-    _stall(r, calls, texts={0: "The discount must be computed in a loyalty module; let me find it."})
+    _stall(r, calls, texts={1: "The discount must be computed in a loyalty module; let me find it."})
     r.finish("truncated", terminated_by="loop")
 
 
@@ -154,30 +126,11 @@ def loop_no_progress_blocked_scrape(r: Run) -> None:
         "title": "Just a moment...",
         "text": "Please verify you are a human. Enable JavaScript and cookies to continue.",
     }
-    slugs = [
-        "magnifica-s",
-        "dedica-style",
-        "la-specialista",
-        "primadonna",
-        "eletta-explore",
-        "rivelia",
-        "stilosa",
-        "magnifica-evo",
-        "dinamica-plus",
-        "perfecto",
-        "maestosa",
-        "icona-vintage",
-        "scultura",
-        "autentica",
-        "caffe-corso",
-        "lattissima",
-        "gran-dama",
-        "clessidra",
-        "specialista-arte",
-        "distinta",
-        "brillante",
-        "avvolta",
-    ]
+    slugs = (
+        "magnifica-s dedica-style la-specialista primadonna eletta-explore rivelia stilosa magnifica-evo "
+        "dinamica-plus perfecto maestosa icona-vintage scultura autentica caffe-corso lattissima gran-dama "
+        "clessidra specialista-arte distinta brillante avvolta"
+    ).split()
     calls = [
         (
             "http_get",
@@ -186,7 +139,7 @@ def loop_no_progress_blocked_scrape(r: Run) -> None:
         )
         for s in slugs
     ]
-    _stall(r, calls, texts={0: "Next, the third shop.", 5: "Let me try other product pages on this shop."})
+    _stall(r, calls, texts={1: "Next, the third shop.", 6: "Let me try other product pages on this shop."})
     r.finish("truncated", terminated_by="loop")
 
 
@@ -225,5 +178,5 @@ def loop_no_progress_sql_variants(r: Run) -> None:
             )
         )
     calls = calls[:22]
-    _stall(r, calls, texts={0: "Let me find the customer id first."})
+    _stall(r, calls, texts={1: "Let me find the customer id first."})
     r.finish("truncated", terminated_by="loop")

@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    loop,
-    order_record,
-)
+from tests.ingest.detection.corpus.builder import Action, Run, loop, order_record
 
 
-def _cycle(
-    r: Run,
-    actions: list[tuple[str, dict, Any]],
-    cycles: int,
-    label_cycle: int = 3,
-    texts: dict[int, str] | None = None,
-    noise: Callable[[Run, dict], dict] | None = None,
+def _oscillate(
+    r: Run, cycle: list[Action], *, cycles: int, texts: dict[int, str] | None = None, noisy: bool = False
 ) -> None:
-    """Repeat the actions in order `cycles` times; label the call completing cycle `label_cycle`."""
-    n = 0
-    for c in range(cycles):
-        for tool, args, result in actions:
-            n += 1
-            idx = r.step(tool, noise(r, args) if noise else args, result, text=(texts or {}).get(n))
-        if c + 1 == label_cycle:
-            r.label_call(idx)
+    """Play the cycle's actions in turn `cycles` times; the label is the call completing the 3rd cycle.
+
+    `noisy`: every call carries a fresh request_id and timestamp, its keys shuffled.
+    """
+    actions = ((tool, _noisy(r, args) if noisy else args, result) for tool, args, result in cycle * cycles)
+    r.steps(actions, label_at=3 * len(cycle), texts=texts)
+
+
+def _noisy(r: Run, args: dict[str, Any]) -> dict[str, Any]:
+    out = dict(args)
+    out["request_id"] = r.req_id()
+    out["timestamp"] = r.now()
+    keys = list(out)
+    r.rng.shuffle(keys)
+    return {k: out[k] for k in keys}
 
 
 @loop("oscillation", "oscillation_2_actions", "support-bot", "order_lookup", "gpt-4o")
@@ -50,7 +47,7 @@ def loop_oscillate_search_get(r: Run) -> None:
         return_window_days=14,
         returnable=True,
     )
-    _cycle(
+    _oscillate(
         r,
         [
             ("search_orders", {"customer_id": "C-3310", "status": "delivered"}, search),
@@ -88,7 +85,7 @@ def loop_oscillate_three_files(r: Run) -> None:
             },
         ]
     }
-    _cycle(
+    _oscillate(
         r,
         [
             ("list_dir", {"path": "src/auth"}, listing),
@@ -99,15 +96,6 @@ def loop_oscillate_three_files(r: Run) -> None:
         texts={1: "Let me look at the auth package.", 4: "Let me re-check the auth package layout."},
     )
     r.finish("truncated", terminated_by="loop")
-
-
-def _noisy(r: Run, args: dict) -> dict:
-    out = dict(args)
-    out["request_id"] = r.req_id()
-    out["timestamp"] = r.now()
-    keys = list(out)
-    r.rng.shuffle(keys)
-    return {k: out[k] for k in keys}
 
 
 @loop("oscillation", "oscillation_2_actions_noise", "research-assistant", "research", "deepseek-chat")
@@ -126,14 +114,14 @@ def loop_oscillate_web_noise(r: Run) -> None:
         "text": "Ariane 6 is a European expendable launch system ... two variants: Ariane 62 with two boosters "
         "and Ariane 64 with four boosters ...",
     }
-    _cycle(
+    _oscillate(
         r,
         [
             ("web_search", {"query": "Ariane 64 GTO payload capacity", "num_results": 5}, search),
             ("http_get", {"url": "https://en.wikipedia.org/wiki/Ariane_6"}, page),
         ],
         cycles=5,
-        noise=_noisy,
+        noisy=True,
     )
     r.finish("truncated", terminated_by="loop")
 
@@ -155,7 +143,7 @@ def loop_oscillate_abc_invoices(r: Run) -> None:
         ]
     }
     inv = {"invoice_id": "INV-2026-0211", "amount": 240.0, "period": "2026-02", "payment_ids": ["PAY-99120"]}
-    _cycle(
+    _oscillate(
         r,
         [
             ("get_customer", {"customer_id": "C-6021"}, cust),
@@ -179,7 +167,7 @@ def loop_oscillate_calendar(r: Run) -> None:
             {"room": "Delta", "capacity": 10, "free": False},
         ],
     }
-    _cycle(
+    _oscillate(
         r,
         [
             (

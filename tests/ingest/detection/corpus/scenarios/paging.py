@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    ok,
-)
+from tests.ingest.detection.corpus.builder import Run, ok
 
 
 @ok("paging_page", "triage-bot", "ticket_triage", "gpt-4o")
@@ -145,18 +142,10 @@ def ok_paging_read_file_start(r: Run) -> None:
 def ok_paging_offset_step1(r: Run) -> None:
     """Dead-letter queue inspected one message at a time: offset 0..9, a different message each time."""
     r.user("Look at the 10 oldest messages in the orders dead-letter queue and tell me why they failed.")
-    reasons = [
-        "schema_mismatch",
-        "timeout",
-        "schema_mismatch",
-        "duplicate_key",
-        "timeout",
-        "schema_mismatch",
-        "missing_customer",
-        "timeout",
-        "schema_mismatch",
-        "duplicate_key",
-    ]
+    reasons = (
+        "schema_mismatch timeout schema_mismatch duplicate_key timeout schema_mismatch missing_customer "
+        "timeout schema_mismatch duplicate_key"
+    ).split()
     for off in range(10):
         r.step(
             "get_queue_message",

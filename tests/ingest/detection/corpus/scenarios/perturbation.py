@@ -5,26 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.ingest.detection.corpus.builder import (
-    FUZZY_SLACK,
-    Run,
-    loop,
-)
+from tests.ingest.detection.corpus.builder import FUZZY_SLACK, Run, loop
 
 
 def _perturb(
     r: Run,
     tool: str,
-    variants: list[dict],
-    result: Any | Callable[[dict], Any],
+    variants: list[dict[str, Any]],
+    result: Any | Callable[[dict[str, Any]], Any],
+    *,
     texts: dict[int, str] | None = None,
 ) -> None:
-    """Call tool with each variant; label the 3rd nearly-equal call + FUZZY_SLACK."""
-    for i, args in enumerate(variants):
-        res = result(args) if callable(result) else result
-        idx = r.step(tool, args, res, text=(texts or {}).get(i))
-        if i == 2 + FUZZY_SLACK:
-            r.label_call(idx)
+    """Call the tool with each variant in turn (`result` may be a function of the args); the label
+    point is the 3rd nearly-equal call + FUZZY_SLACK. `texts` number the calls from 1.
+    """
+    actions = [(tool, args, result(args) if callable(result) else result) for args in variants]
+    r.steps(actions, label_at=3 + FUZZY_SLACK, texts=texts)
 
 
 @loop("perturbation", "perturb_offset_jitter", "oncall-helper", "incident_triage", "gpt-4o")
@@ -61,8 +57,8 @@ def loop_perturb_offset_jitter(r: Run) -> None:
         ],
         page,
         texts={
-            1: "There may be more hits; let me adjust the offset.",
-            5: "Let me try a slightly different offset.",
+            2: "There may be more hits; let me adjust the offset.",
+            6: "Let me try a slightly different offset.",
         },
     )
     r.finish("truncated", terminated_by="loop")
@@ -93,7 +89,7 @@ def loop_perturb_synonyms(r: Run) -> None:
         "search_orders",
         [{"customer_id": "C-7702", "query": q} for q in queries],
         res,
-        texts={1: "Let me search with a different spelling.", 3: "Maybe the search is sensitive to wording."},
+        texts={2: "Let me search with a different spelling.", 4: "Maybe the search is sensitive to wording."},
     )
     r.finish("abandoned", terminated_by="user")
 
@@ -119,7 +115,7 @@ def loop_perturb_extra_field(r: Run) -> None:
         {"customer_id": "C-1188", "verbose": True, "include_contacts": True},
     ]
     _perturb(
-        r, "get_customer", variants, rec, texts={1: "The phone field is empty; let me request full details."}
+        r, "get_customer", variants, rec, texts={2: "The phone field is empty; let me request full details."}
     )
     r.finish("truncated", terminated_by="loop")
 
@@ -181,5 +177,5 @@ def loop_perturb_limit_whitespace(r: Run) -> None:
         {"query": "usb-c  hub 4k hdmi 85W", "limit": 11},
         {"query": "USB-C Hub 4K HDMI 85w", "limit": 10, "sort": "relevance"},
     ]
-    _perturb(r, "search_products", variants, res, texts={1: "Let me refine the search to catch more hubs."})
+    _perturb(r, "search_products", variants, res, texts={2: "Let me refine the search to catch more hubs."})
     r.finish("truncated", terminated_by="loop")

@@ -5,33 +5,38 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.ingest.detection.corpus.builder import (
-    POLL_LOOP_LABEL,
-    Run,
-    loop,
-    ok,
-)
+from tests.ingest.detection.corpus.builder import POLL_LOOP_LABEL, Run, loop, ok
 
 
-def job_status(job_id: str, status: str, **extra: Any) -> dict:
+def job_status(job_id: str, status: str, **extra: Any) -> dict[str, Any]:
     return {"job_id": job_id, "status": status, **extra}
 
 
 def _polls(
     r: Run,
     job: str,
-    n: int,
+    count: int,
     result: Callable[[int], Any],
+    *,
     wait: tuple[float, float],
-    label_poll: int | None = None,
     text: Callable[[int], str | None] | None = None,
+    stuck: bool = False,
 ) -> None:
-    for i in range(1, n + 1):
+    """Poll the job `count` times, sleeping `wait` seconds between polls; `result(i)` answers poll i.
+
+    A stuck job's label point: poll R+1 when the run declares max_same_tool_retries=R (R re-polls
+    spent), else the POLL_LOOP_LABEL-th identical poll.
+    """
+    label_at = None
+    if stuck:
+        declared = (r.scenario.budgets or {}).get("max_same_tool_retries")
+        label_at = declared + 1 if declared else POLL_LOOP_LABEL
+    for i in range(1, count + 1):
         if i > 1:
-            r.advance(*wait)  # the agent sleeps between polls; the result is computed after the wait
-        idx = r.step("get_job_status", {"job_id": job}, result(i), text=text(i) if text else None)
-        if i == label_poll:
-            r.label_call(idx)
+            r.advance(*wait)  # the agent sleeps between polls; the result is drawn after the sleep
+        r.step(
+            "get_job_status", {"job_id": job}, result(i), text=text(i) if text else None, label=i == label_at
+        )
 
 
 @loop(
@@ -50,17 +55,15 @@ def loop_poll_declared_budget(r: Run) -> None:
         {"dataset": "invoices", "year": 2025, "format": "csv"},
         {"job_id": "exp_7Qk2m", "status": "QUEUED"},
     )
-    base = r.calls
     _polls(
         r,
         "exp_7Qk2m",
         32,
         lambda i: job_status("exp_7Qk2m", "RUNNING", progress=0.42, rows_written=1_204_000),
         wait=(18, 22),
-        label_poll=11,
+        stuck=True,
         text=lambda i: "The export is still running; I'll check again shortly." if i % 4 == 1 else None,
     )
-    assert r.by_call == base + 11
     r.finish("truncated", terminated_by="budget", budget_type="max_same_tool_retries")
 
 
@@ -79,7 +82,7 @@ def loop_poll_running_forever(r: Run) -> None:
         40,
         lambda i: job_status("run-20260310-0017", "RUNNING", stage="aggregate"),
         wait=(15, 25),
-        label_poll=POLL_LOOP_LABEL,
+        stuck=True,
     )
     r.finish("abandoned", terminated_by="user", reason="operator cancelled the run")
 
@@ -106,7 +109,7 @@ def loop_poll_result_noise(r: Run) -> None:
             request_id=r.req_id(),
         ),
         wait=(10, 16),
-        label_poll=POLL_LOOP_LABEL,
+        stuck=True,
     )
     r.finish("truncated", terminated_by="loop")
 

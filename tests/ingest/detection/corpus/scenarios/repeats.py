@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    loop,
-    order_record,
-)
+from tests.ingest.detection.corpus.builder import Run, loop, order_record
 
 
 @loop("exact_repeat", "repeat_noise_request_id", "support-bot", "order_lookup", "gpt-4o")
@@ -37,18 +33,12 @@ def loop_repeat_get_order_request_id(r: Run) -> None:
             "detail": "Address information needed",
         },
     )
+    text = "The carrier reports an address exception. Let me double-check the order details."
     for i in range(8):
         args = {"order_id": "A-20931", "request_id": r.req_id()}
-        if i % 2:
+        if i % 2:  # the same keys in the other order
             args = {"request_id": args["request_id"], "order_id": "A-20931"}
-        text = (
-            "The carrier reports an address exception. Let me double-check the order details."
-            if i < 3
-            else None
-        )
-        idx = r.step("get_order", args, order, text=text)
-        if i == 2:
-            r.label_call(idx)
+        r.step("get_order", args, order, text=text if i < 3 else None, label=i == 2)
     r.finish(
         "truncated", terminated_by="loop", reason="get_order A-20931 repeated 8 times with the same result"
     )
@@ -95,15 +85,11 @@ def loop_repeat_search_key_order_whitespace(r: Run) -> None:
         {"min_total": 100, "status": " canceled", "customer_id": "C-5512"},
         {"customer_id": "C-5512", "status": "canceled", "min_total": 100.0},
     ]
-    for i, args in enumerate(variants):
-        idx = r.step(
-            "search_orders",
-            args,
-            result,
-            text="Let me search for the cancelled orders above 100 EUR." if i == 0 else None,
-        )
-        if i == 2:
-            r.label_call(idx)
+    r.steps(
+        (("search_orders", args, result) for args in variants),
+        label_at=3,
+        texts={1: "Let me search for the cancelled orders above 100 EUR."},
+    )
     r.user("Hello? You keep searching. I only need the two order numbers.")
     r.finish(
         "succeeded",
@@ -143,27 +129,15 @@ def loop_repeat_page_stuck(r: Run) -> None:
             ][:25],
         }
 
-    r.step(
-        "list_tickets",
-        {"queue": "billing", "status": "open", "page": 1, "per_page": 25},
-        page(1),
-        text="Fetching the open billing tickets.",
-    )
-    r.step(
-        "list_tickets",
-        {"queue": "billing", "status": "open", "page": 2, "per_page": 25},
-        page(2),
-        text="Fetching the next page.",
-    )
-    for i in range(6):
-        idx = r.step(
+    pages = [1, 2, 2, 2, 2, 2, 2, 2]
+    for i, n in enumerate(pages):
+        r.step(
             "list_tickets",
-            {"queue": "billing", "status": "open", "page": 2, "per_page": 25},
-            page(2),
-            text="Fetching the next page.",
+            {"queue": "billing", "status": "open", "page": n, "per_page": 25},
+            page(n),
+            text="Fetching the next page." if i else "Fetching the open billing tickets.",
+            label=i == 3,  # page=2 for the 3rd consecutive time
         )
-        if i == 1:
-            r.label_call(idx)  # page=2 for the 3rd consecutive time
     r.finish("truncated", terminated_by="loop", reason="page 2 requested 7 times")
 
 
@@ -202,11 +176,8 @@ def loop_repeat_http_trace_uuid(r: Run) -> None:
         }
         if i % 3 == 1:
             args = dict(reversed(list(args.items())))
-        idx = r.step(
-            "http_get", args, body, text="Checking the incident feed again for an update." if i else None
-        )
-        if i == 2:
-            r.label_call(idx)
+        text = "Checking the incident feed again for an update." if i else None
+        r.step("http_get", args, body, text=text, label=i == 2)
     r.finish("truncated", terminated_by="loop")
 
 
@@ -221,11 +192,12 @@ def loop_repeat_read_file_plain(r: Run) -> None:
     r.step(
         "list_dir", {"path": "src/billing"}, {"entries": ["__init__.py", "invoice.py", "tax.py", "ledger.py"]}
     )
-    r.step(
+    read = (
         "read_file",
         {"path": "src/billing/tax.py"},
         {"path": "src/billing/tax.py", "content": tax, "lines": 6},
     )
+    r.step(*read)
     r.step(
         "run_tests",
         {"path": "tests/test_tax.py"},
@@ -237,14 +209,7 @@ def loop_repeat_read_file_plain(r: Run) -> None:
         },
     )
     for i in range(6):
-        idx = r.step(
-            "read_file",
-            {"path": "src/billing/tax.py"},
-            {"path": "src/billing/tax.py", "content": tax, "lines": 6},
-            text="Let me re-read tax.py to check the rounding mode.",
-        )
-        if i == 2:
-            r.label_call(idx)
+        r.step(*read, text="Let me re-read tax.py to check the rounding mode.", label=i == 2)
     r.finish("truncated", terminated_by="loop", reason="read_file tax.py repeated without edits")
 
 
@@ -280,15 +245,11 @@ def loop_repeat_sql_whitespace(r: Run) -> None:
         },
         {"columns": ["column_name"], "rows": [["id"], ["status"], ["created_at"], ["total"]], "row_count": 4},
     )
-    for i, sql in enumerate(sqls):
-        idx = r.step(
-            "sql_query",
-            {"sql": sql, "database": "shop"},
-            rows,
-            text="Running the aggregation query." if i in (0, 3) else None,
-        )
-        if i == 2:
-            r.label_call(idx)
+    r.steps(
+        (("sql_query", {"sql": sql, "database": "shop"}, rows) for sql in sqls),
+        label_at=3,
+        texts=dict.fromkeys((1, 4), "Running the aggregation query."),
+    )
     r.finish("truncated", terminated_by="loop")
 
 
@@ -300,17 +261,16 @@ def loop_repeat_parallel_batches(r: Run) -> None:
     )
     cities = {"Paris": (11, "light rain", 82), "Lyon": (14, "cloudy", 64), "Marseille": (17, "sunny", 12)}
     items = [
-        {
-            "tool": "get_weather",
-            "args": {"city": c, "country": "FR", "units": "metric"},
-            "result": {"city": c, "temp_c": t, "conditions": cond, "precip_prob": p},
-        }
+        (
+            "get_weather",
+            {"city": c, "country": "FR", "units": "metric"},
+            {"city": c, "temp_c": t, "conditions": cond, "precip_prob": p},
+        )
         for c, (t, cond, p) in cities.items()
     ]
-    for i in range(6):
-        idxs = r.batch(items, text="Let me get the current weather for all three cities." if i == 0 else None)
-        if i == 2:
-            r.label_call(idxs[-1])  # the third identical batch, counted by round
+    r.batch(items, text="Let me get the current weather for all three cities.")
+    for i in range(5):
+        r.batch(items, label=i == 1)  # the third identical batch, counted by round
     r.finish("truncated", terminated_by="loop")
 
 
@@ -326,7 +286,7 @@ def loop_repeat_result_noise(r: Run) -> None:
         {"pending": [{"transfer_id": "TR-55102", "amount": 2400.0, "from": "Nordbank", "eta": "2026-03-12"}]},
     )
     for i in range(9):
-        idx = r.step(
+        r.step(
             "get_account_balance",
             {"account_id": "ACC-7781", "request_id": r.req_id()},
             {
@@ -339,7 +299,6 @@ def loop_repeat_result_noise(r: Run) -> None:
             text="Checking the balance again to see whether the transfer has been credited."
             if i < 2
             else None,
+            label=i == 4,
         )
-        if i == 4:
-            r.label_call(idx)
     r.finish("abandoned", terminated_by="loop")

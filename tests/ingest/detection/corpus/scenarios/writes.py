@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from tests.ingest.detection.corpus.builder import (
-    Run,
-    ok,
-)
+from tests.ingest.detection.corpus.builder import Run, ok
 
 
 @ok("double_purchase", "shop-assistant", "purchase", "gpt-4o")
@@ -23,24 +20,16 @@ def ok_double_purchase_operation_key(r: Run) -> None:
         {"products": [{"sku": "MOL-CL-L-R", "name": "Moleskine Classic Large Ruled", "price": 22.5}]},
     )
     args = {"sku": "MOL-CL-L-R", "qty": 1, "address_id": "ADDR-1", "payment_method": "card_on_file"}
-    r.step(
-        "place_order",
-        args,
-        {"order_id": "A-66001", "status": "placed"},
-        operation_key="op-" + r.hex(16),
-        step_id="order-1",
-        external_request_id="ord_66001",
-        text="Placing the first order.",
-    )
-    r.step(
-        "place_order",
-        args,
-        {"order_id": "A-66002", "status": "placed"},
-        operation_key="op-" + r.hex(16),
-        step_id="order-2",
-        external_request_id="ord_66002",
-        text="Placing the second order.",
-    )
+    for n, nth in ((1, "first"), (2, "second")):
+        r.step(
+            "place_order",
+            args,
+            {"order_id": f"A-6600{n}", "status": "placed"},
+            operation_key="op-" + r.hex(16),
+            step_id=f"order-{n}",
+            external_request_id=f"ord_6600{n}",
+            text=f"Placing the {nth} order.",
+        )
     r.finish("succeeded", answer="Done: two separate orders, A-66001 and A-66002.")
 
 
@@ -53,8 +42,8 @@ def ok_double_purchase_step_id(r: Run) -> None:
     )
     r.step("get_customer", {"customer_id": "C-3012"}, {"customer_id": "C-3012", "transit_card": "TC-88120"})
     args = {"card": "TC-88120", "amount": 20.0, "currency": "EUR"}
-    r.step("place_order", args, {"receipt": "RC-5510", "status": "completed"}, step_id="topup-1")
-    r.step("place_order", args, {"receipt": "RC-5511", "status": "completed"}, step_id="topup-2")
+    for n, receipt in ((1, "RC-5510"), (2, "RC-5511")):
+        r.step("place_order", args, {"receipt": receipt, "status": "completed"}, step_id=f"topup-{n}")
     r.finish("succeeded", answer="Two top-ups of 20 EUR done; receipts RC-5510 and RC-5511.")
 
 
