@@ -165,13 +165,12 @@ class Run:
         self.scenario = scenario
         self.name = name = scenario.name
         self.run_id = f"corpus-{name.replace('_', '-')}"
+        # crc32, not hash(): stable across processes. Every run draws its start time, event-id
+        # choice, cost choice, context size and tenant first, in this order.
         self.rng = random.Random(zlib.crc32(name.encode()))
         rng = self.rng
-        self.expect, self.loop_kind = scenario.expect, scenario.loop_kind
-        self.pattern, self.note = scenario.pattern, scenario.note
-        self.model_name = scenario.model
-        self.price = MODELS[scenario.model]
-        self.backend = self.price.backend
+        self.llm = MODELS[scenario.model]
+        self.backend = self.llm.backend
         self.t = BASE + timedelta(
             days=rng.randrange(0, 75),
             hours=rng.randrange(6, 20),
@@ -183,9 +182,7 @@ class Run:
         self.events: list[dict[str, Any]] = []
         self.event_ids = rng.random() < 0.5
         self.with_cost = (
-            (self.price.usd_in > 0 and rng.random() < 0.5)
-            if scenario.with_cost is None
-            else scenario.with_cost
+            (self.llm.usd_in > 0 and rng.random() < 0.5) if scenario.with_cost is None else scenario.with_cost
         )
         self.rounds = 0
         self.calls = 0
@@ -267,7 +264,7 @@ class Run:
         self.advance(0.5 + out / rng.uniform(55, 95) + rng.uniform(0.2, 1.4))
         inp = self.ctx + rng.randint(0, 60)
         fields: dict[str, Any] = {"round": self.rounds, "input_tokens": inp, "output_tokens": out}
-        cost = (inp * self.price.usd_in + out * self.price.usd_out) / 1_000_000
+        cost = (inp * self.llm.usd_in + out * self.llm.usd_out) / 1_000_000
         if self.with_cost:
             fields["cost_usd"] = round(cost, 6)
         if text is not None:
@@ -420,10 +417,12 @@ class Run:
         self.by_round = n
 
     def finalize(self) -> list[dict[str, Any]]:
-        labels: dict[str, str] = {"expect": self.expect}
-        if self.expect == "loop":
-            assert self.loop_kind is not None
-            labels["loop_kind"] = self.loop_kind
+        """Write the labels into run_started (checking the label point) and return the events."""
+        scenario = self.scenario
+        labels: dict[str, str] = {"expect": scenario.expect}
+        if scenario.expect == "loop":
+            assert scenario.loop_kind is not None
+            labels["loop_kind"] = scenario.loop_kind
             assert (self.by_call is None) != (self.by_round is None), f"{self.name}: one label point"
             if self.by_call is not None:
                 assert 1 <= self.by_call < self.calls, f"{self.name}: label call {self.by_call}/{self.calls}"
@@ -434,8 +433,8 @@ class Run:
                 labels["intervene_by_round"] = str(self.by_round)
         else:
             assert self.by_call is None and self.by_round is None, self.name
-        labels["pattern"] = self.pattern
-        labels["note"] = self.note
+        labels["pattern"] = scenario.pattern
+        labels["note"] = scenario.note
         self._started["labels"] = labels
         assert self.events[-1]["type"] == "run_finished", self.name
         return self.events

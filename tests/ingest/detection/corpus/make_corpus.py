@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from tests.ingest.detection.corpus.builder import LOOP_KINDS, Run
 from tests.ingest.detection.corpus.scenarios import scenarios_all
@@ -99,54 +99,52 @@ round, but with a tool call each time); `ok_empty_then_recovers` (one empty resp
 """
 
 
-def build() -> list[tuple[str, list[dict[str, Any]], Run]]:
-    built = []
-    names = set()
+def build() -> list[Run]:
+    """Play every scenario, in README order."""
+    runs = []
     for scenario in scenarios_all():
-        name = scenario.name
-        assert name not in names, name
-        names.add(name)
-        assert scenario.play is not None, name
+        assert scenario.play is not None, scenario
         run = Run(scenario)
         scenario.play(run)
-        built.append((name, run.finalize(), run))
-    return built
+        run.finalize()
+        runs.append(run)
+    names = [run.name for run in runs]
+    assert len(names) == len(set(names)), "two scenarios share a name"
+    return runs
 
 
-def readme(built: list[tuple[str, list[dict[str, Any]], Run]]) -> str:
-    loops = [b for b in built if b[2].expect == "loop"]
-    oks = [b for b in built if b[2].expect == "ok"]
-    out = [README_HEAD, f"{len(built)} runs: {len(loops)} loops, {len(oks)} legitimate.\n"]
-    counts: dict[str, int] = {}
-    for _, _, run in loops:
-        counts[run.loop_kind or ""] = counts.get(run.loop_kind or "", 0) + 1
-    out.append("Loops per kind: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in LOOP_KINDS) + ".\n")
+def readme(runs: list[Run]) -> str:
+    loops = [run for run in runs if run.scenario.expect == "loop"]
+    oks = [run for run in runs if run.scenario.expect == "ok"]
+    out = [README_HEAD, f"{len(runs)} runs: {len(loops)} loops, {len(oks)} legitimate.\n"]
+    counts = Counter(run.scenario.loop_kind for run in loops)
+    out.append("Loops per kind: " + ", ".join(f"{k} {counts[k]}" for k in LOOP_KINDS) + ".\n")
     out.append("| file | expect | kind | label point | calls | rounds | backend | pattern | note |")
     out.append("|---|---|---|---|---|---|---|---|---|")
-    for name, _events, run in loops + oks:
-        point = (
-            (f"call {run.by_call}" if run.by_call else f"round {run.by_round}")
-            if run.expect == "loop"
-            else ""
-        )
+    for run in loops + oks:
+        s = run.scenario
+        point = ""
+        if s.expect == "loop":
+            point = f"call {run.by_call}" if run.by_call else f"round {run.by_round}"
         out.append(
-            f"| `{name}.jsonl` | {run.expect} | {run.loop_kind or ''} | {point} | {run.calls} | {run.rounds} "
-            f"| {run.backend} | `{run.pattern}` | {run.note} |"
+            f"| `{run.name}.jsonl` | {s.expect} | {s.loop_kind or ''} | {point} | {run.calls} | {run.rounds} "
+            f"| {run.backend} | `{s.pattern}` | {s.note} |"
         )
     return "\n".join(out) + "\n"
 
 
 def write(out_dir: Path) -> list[str]:
-    built = build()
+    """Write one `<name>.jsonl` per run and the README into out_dir; remove runs no scenario declares."""
+    runs = build()
     out_dir.mkdir(parents=True, exist_ok=True)
-    wanted = {f"{name}.jsonl" for name, _, _ in built}
+    wanted = {f"{run.name}.jsonl" for run in runs}
     for stale in out_dir.glob("*.jsonl"):
         if stale.name not in wanted:
             stale.unlink()
-    for name, events, _ in built:
-        text = "".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n" for e in events)
-        (out_dir / f"{name}.jsonl").write_text(text, encoding="utf-8")
-    (out_dir / "README.md").write_text(readme(built), encoding="utf-8")
+    for run in runs:
+        text = "".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n" for e in run.events)
+        (out_dir / f"{run.name}.jsonl").write_text(text, encoding="utf-8")
+    (out_dir / "README.md").write_text(readme(runs), encoding="utf-8")
     return sorted(wanted)
 
 

@@ -21,8 +21,8 @@ def _overrun(r: Run, *, answer: str | None = None) -> None:
     elif budget_type == "max_rounds":
         r.label_round(limit)
     elif budget_type in ("max_tokens", "max_cost_usd"):
-        used = 1 if budget_type == "max_tokens" else 2  # (round, tokens, cost)
-        r.label_round(next(totals[0] for totals in r.round_totals if totals[used] >= limit))
+        spent = {rnd: tokens if budget_type == "max_tokens" else cost for rnd, tokens, cost in r.round_totals}
+        r.label_round(next(rnd for rnd, total in spent.items() if total >= limit))
     else:
         assert budget_type == "max_wall_s", budget_type
         wall = r.start + timedelta(seconds=limit)

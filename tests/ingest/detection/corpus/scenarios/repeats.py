@@ -1,4 +1,8 @@
-"""Loops: exact repeats — the same read again and again, hidden behind noise, key order, whitespace or parallel batches."""
+"""Loops: exact repeats — the same read again and again, behind noise, key order, whitespace or batches.
+
+The label point is the 3rd consecutive identical read: the last call of the 3rd identical parallel
+batch, 2 calls later where the result carries noise too.
+"""
 
 from __future__ import annotations
 
