@@ -2,7 +2,7 @@
 
 Run it from the repository root and commit what it writes:
 
-    .venv/bin/python tests/ingest/detection/corpus/make_corpus.py [OUTPUT_DIR]
+    .venv/bin/python -m tests.ingest.detection.corpus.make_corpus [OUTPUT_DIR]
 
 The runs are declared in `scenarios/` (one module per family) and built by `builder.py`.
 Deterministic: stdlib only, one `random.Random` per run seeded from the run's name, no clock, no
@@ -27,14 +27,20 @@ HERE = Path(__file__).resolve().parent
 README_HEAD = """\
 # Loop-detection corpus
 
-One agent run per `<name>.jsonl` file (JSON Lines, trace events v1 — `/work/shared/spec/trace-events.md`),
-written by `make_corpus.py`; do not edit the files by hand. Regenerate from the repository root with
+One agent run per `<name>.jsonl` file (JSON Lines, trace events v1 — see
+[docs/trace-events.md](../../../../docs/trace-events.md)), written by `make_corpus.py`; do not edit the
+files by hand. Each run is a short play function in `scenarios/` (one module per family: exact repeats,
+oscillation, interval loops, perturbation, errors, conversation, no progress, polling, duplicate writes,
+budgets, and the legitimate runs by family), declared with `@loop(...)` or `@ok(...)`; its docstring is
+its `note`. `builder.py` turns what the scenario does into events. Regenerate from the repository root
+with
 
-    .venv/bin/python tests/ingest/detection/corpus/make_corpus.py
+    .venv/bin/python -m tests.ingest.detection.corpus.make_corpus [OUTPUT_DIR]
 
-(deterministic: the same script writes the same bytes). `tests/ingest/detection/test_corpus_files.py`
+(deterministic: each run draws its noise from its own RNG seeded with its name, so the same scenarios
+write the same bytes and editing one changes no other run). `tests/ingest/detection/test_corpus_files.py`
 checks that every file parses, every event validates, every run is labelled and the files are what the
-script writes.
+generator writes.
 
 ## Labels (`run_started.labels`, all strings)
 
