@@ -6,7 +6,6 @@ No database and no Django: plain functions over the JSON Lines files. The engine
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from functools import cache
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from ingest.schema import validate_event
+from tests.ingest.detection.corpus.make_corpus import write
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SCHEMA = Path(__file__).resolve().parents[3] / "ingest" / "spec" / "trace-events.schema.json"
@@ -172,13 +172,9 @@ def test_coverage_of_kinds_and_patterns():
 
 
 def test_files_are_what_the_generator_writes(tmp_path):
-    spec = importlib.util.spec_from_file_location("make_corpus", CORPUS / "make_corpus.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.write(tmp_path)
+    write(tmp_path)
     generated = sorted(p.name for p in tmp_path.iterdir())
     committed = sorted(p.name for p in CORPUS.iterdir() if p.suffix in (".jsonl", ".md"))
-    assert generated == committed, "regenerate: .venv/bin/python tests/ingest/detection/corpus/make_corpus.py"
+    assert generated == committed, "regenerate: .venv/bin/python -m tests.ingest.detection.corpus.make_corpus"
     for name in generated:
         assert (tmp_path / name).read_bytes() == (CORPUS / name).read_bytes(), f"{name} is stale: regenerate"
