@@ -46,9 +46,12 @@ def install() -> None:
 def up(argv: list[str]) -> int:
     install()
     port = os.environ.get("PORT", "8000")
+    # A development server on 127.0.0.1: Django's debug pages, cookies over plain HTTP and an open
+    # /metrics (loopwatch's default is DEBUG off; see docs/security.md). DEBUG=false here still wins.
+    env = {**os.environ, "DEBUG": os.environ.get("DEBUG", "true")}
     manage = [PY, "manage.py"]
-    sh(*manage, "migrate", "--no-input", "-v", "0")
-    sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE)
+    sh(*manage, "migrate", "--no-input", "-v", "0", env=env)
+    sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE, env=env)
     key = DEMO_KEY_FILE.read_text().strip()
     server = subprocess.Popen(
         [
@@ -61,12 +64,14 @@ def up(argv: list[str]) -> int:
             "--no-access-log",
         ],
         cwd=ROOT,
+        env=env,
     )
     time.sleep(1.5)
     print(f"\nloopwatch is serving at http://127.0.0.1:{port}/  (login: demo / demo)\n", flush=True)
     simulate = subprocess.Popen(
         [str(PY), "manage.py", "simulate", "--url", f"http://127.0.0.1:{port}", "--key", key, *argv],
         cwd=ROOT,
+        env=env,
     )
     try:
         while server.poll() is None and simulate.poll() is None:

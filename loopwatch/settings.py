@@ -12,17 +12,23 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from loopwatch.env import database_from_url, env_bool, env_int, env_list, env_str, redis_url
+from loopwatch.env import (
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    redis_url,
+    secret_key_file,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEV_SECRET_KEY = "dev-insecure-loopwatch-key-change-me"
-DEBUG = env_bool("DEBUG", True)
-SECRET_KEY = env_str("SECRET_KEY", DEV_SECRET_KEY)
-if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY: set a secret of your own when DEBUG is off")
-if not SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY: must not be empty")
+# Off unless asked for: a debug page shows a 500's locals and request to whoever caused it.
+# `python3 dev.py up` (the Quickstart) turns it on.
+DEBUG = env_bool("DEBUG", False)
+DATABASE_URL = env_str("DATABASE_URL")
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -74,7 +80,6 @@ TEMPLATES = [
 ]
 
 # --- database ---------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
 else:
@@ -93,6 +98,18 @@ else:
     }
     (BASE_DIR / "var").mkdir(exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Read after DATABASE_URL: without one (the embedded mode) a missing key is made, not refused.
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DATABASE_URL:  # the embedded mode: one machine, a key of its own kept beside its database
+        SECRET_KEY = secret_key_file(BASE_DIR / "var" / "secret-key")
+    elif DEBUG:
+        SECRET_KEY = DEV_SECRET_KEY
+    else:
+        raise ImproperlyConfigured("SECRET_KEY: set a secret of your own when DEBUG is off")
+if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY: set a secret of your own when DEBUG is off")
 
 # --- Redis: Celery broker and the Channels layer -------------------------------
 REDIS_URL = env_str("REDIS_URL")
@@ -232,6 +249,9 @@ except OSError:
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# A 500's report (the debug page, a logged or mailed report) hides connection URLs and secrets.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "loopwatch.security.SafeExceptionReporterFilter"
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
