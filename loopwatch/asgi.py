@@ -125,8 +125,7 @@ def _headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
 django.setup(set_prefix=False)
 django_asgi_app = SyncChainASGIHandler()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402 - needs the apps loaded
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - needs the apps loaded
 
 from dashboards.routing import websocket_urlpatterns as page_routes  # noqa: E402
 from ingest.routing import websocket_urlpatterns as api_routes  # noqa: E402
@@ -138,6 +137,7 @@ gc.freeze()
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AuthMiddlewareStack(URLRouter(api_routes + page_routes)),
+        # Each route brings its own checks: the Origin on all, the session on the pages' only.
+        "websocket": URLRouter(api_routes + page_routes),
     }
 )
