@@ -164,6 +164,8 @@ LOOPWATCH_MAX_BODY_BYTES = env_int("LOOPWATCH_MAX_BODY_BYTES", 16 * 1024 * 1024,
 LOOPWATCH_MAX_EVENT_BYTES = env_int("LOOPWATCH_MAX_EVENT_BYTES", 256 * 1024, minimum=1024)
 if LOOPWATCH_MAX_EVENT_BYTES > LOOPWATCH_MAX_BODY_BYTES:
     raise ImproperlyConfigured("LOOPWATCH_MAX_EVENT_BYTES: must not exceed LOOPWATCH_MAX_BODY_BYTES")
+# Seconds a request's whole body may take to arrive: a client that trickles it in is cut off (408).
+LOOPWATCH_BODY_TIMEOUT_S = env_int("LOOPWATCH_BODY_TIMEOUT_S", 60, minimum=1)
 # Django's own guard sits just above ours so that ours answers first, with a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LOOPWATCH_MAX_BODY_BYTES + 1
 
