@@ -194,6 +194,8 @@ if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DA
     raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
 LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
 LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
+# Live alerts sockets one user may hold open at once (each joins groups and polls); more → 4429.
+LOOPWATCH_ALERT_SOCKETS_PER_USER = env_int("LOOPWATCH_ALERT_SOCKETS_PER_USER", 10, minimum=1)
 # Seconds an API key stays cached in a server process: revoking takes effect in the revoking
 # process at once, in the others within this time. 0: look the key up on every request.
 LOOPWATCH_KEY_CACHE_S = env_int("LOOPWATCH_KEY_CACHE_S", 5, minimum=0)

@@ -220,6 +220,7 @@ def test_a_body_that_trickles_in_is_cut_off(server, key):
     }
     assert time.monotonic() - started < BODY_TIMEOUT_S + 3
     assert sent < 200
+    assert headers.get("connection") == "close"
 
 
 def test_a_body_within_the_limits_is_served_on_a_connection_kept_alive(server, key):
