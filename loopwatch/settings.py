@@ -194,6 +194,11 @@ if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DA
     raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
 LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
 LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
+# Without a token, /metrics answers only in the embedded mode with DEBUG on (the Quickstart), or when
+# said explicitly (a scraper on a network that keeps others out).
+LOOPWATCH_METRICS_PUBLIC = env_bool("LOOPWATCH_METRICS_PUBLIC", DEBUG and not DATABASE_URL)
+# Distinct tool names a process labels its metrics with; the rest are counted as "other".
+LOOPWATCH_METRICS_MAX_TOOLS = env_int("LOOPWATCH_METRICS_MAX_TOOLS", 50, minimum=1)
 # Live alerts sockets one user may hold open at once (each joins groups and polls); more → 4429.
 LOOPWATCH_ALERT_SOCKETS_PER_USER = env_int("LOOPWATCH_ALERT_SOCKETS_PER_USER", 10, minimum=1)
 # Seconds an API key stays cached in a server process: revoking takes effect in the revoking
