@@ -3,17 +3,21 @@
 - SafeExceptionReporterFilter: a 500's report (the debug page, a logged or mailed report) shows no
   connection URL, key or token;
 - ContentSecurityPolicyMiddleware: the Content-Security-Policy header of every answer;
-- WebsocketOriginCheck: a WebSocket opened by a browser page of another origin is refused.
+- WebsocketOriginCheck: a WebSocket opened by a browser page of another origin is refused;
+- login_locked_out: the page django-axes answers a locked-out sign-in with.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.http import HttpResponse
 from django.http.request import is_same_domain, split_domain_port, validate_host
+from django.shortcuts import render
 from django.views.debug import SafeExceptionReporterFilter as DjangoFilter
 
 logger = logging.getLogger(__name__)
@@ -133,4 +137,15 @@ def _trusted(origin: str) -> bool:
         is_same_domain(parts.netloc, trusted.split("://", 1)[1][1:])
         for trusted in settings.CSRF_TRUSTED_ORIGINS
         if trusted.startswith(f"{parts.scheme}://*")
+    )
+
+
+def login_locked_out(request, original_response=None, credentials=None) -> HttpResponse:
+    """django-axes' answer to a sign-in of a locked-out user and address (AXES_LOCKOUT_CALLABLE)."""
+    minutes = math.ceil(settings.AXES_COOLOFF_TIME.total_seconds() / 60)
+    return render(
+        request,
+        "registration/locked_out.html",
+        {"minutes": minutes, "failure_limit": settings.AXES_FAILURE_LIMIT},
+        status=settings.AXES_HTTP_RESPONSE_CODE,
     )

@@ -8,6 +8,7 @@ and REDIS_URL switch to PostgreSQL (psycopg 3) and Redis.
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -43,12 +44,14 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "channels",
+    "axes",
     "ingest",
     "dashboards",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "loopwatch.security.ContentSecurityPolicyMiddleware",
     # Serves static files from the ASGI server itself: no separate web server needed.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -57,6 +60,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "loopwatch.urls"
@@ -258,6 +263,57 @@ except OSError:
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# --- sign-in and transport security (docs/security.md) -------------------------------------------
+# django-axes: after LOOPWATCH_LOGIN_FAILURE_LIMIT wrong passwords for one user from one address,
+# that pair is locked out (429, the right password included) for LOOPWATCH_LOGIN_LOCKOUT_MIN.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out pair before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOOPWATCH_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOOPWATCH_LOGIN_LOCKOUT_MIN", 15, minimum=1))
+# The user and the address together: neither locks a user out from everywhere (anyone could) nor
+# everyone behind one address.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True  # failures are kept, not a row per successful sign-in
+AXES_LOCKOUT_CALLABLE = "loopwatch.security.login_locked_out"
+AXES_VERBOSE = False
+
+
+def _proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto (meaning https) or Name=value."""
+    if not raw.strip():
+        return None
+    name, _, value = raw.partition("=")
+    name, value = name.strip(), (value.strip() or "https")
+    if not name or not all(c.isalnum() or c == "-" for c in name):
+        raise ImproperlyConfigured(
+            f"SECURE_PROXY_SSL_HEADER={raw!r}: expected a header name, e.g. X-Forwarded-Proto"
+        )
+    return "HTTP_" + name.upper().replace("-", "_"), value
+
+
+# Only set it behind a proxy that ends TLS and always sets (or strips) this header itself.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(env_str("SECURE_PROXY_SSL_HEADER"))
+# With DEBUG off, cookies travel over HTTPS only and browsers are told to keep to HTTPS (HSTS is
+# sent on HTTPS answers only).
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# Off by default: a proxy in front usually redirects to HTTPS itself.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# The pages run scripts from this origin only (data goes through json_script); Plotly styles its
+# charts inline; the alerts socket is this origin's (CSP 3 'self' covers ws:/wss:). Empty: no header.
+LOOPWATCH_CSP = env_str(
+    "LOOPWATCH_CSP",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'",
+)
 
 # A 500's report (the debug page, a logged or mailed report) hides connection URLs and secrets.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "loopwatch.security.SafeExceptionReporterFilter"

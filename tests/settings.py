@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("SECRET_KEY", "loopwatch-test-suite-" + "not-a-secret-" * 4)
-os.environ.setdefault("SESSION_COOKIE_SECURE", "false")
-os.environ.setdefault("CSRF_COOKIE_SECURE", "false")
+TEST_ENVIRONMENT = {
+    "SECRET_KEY": "loopwatch-test-suite-" + "not-a-secret-" * 4,
+    "SESSION_COOKIE_SECURE": "false",
+    "CSRF_COOKIE_SECURE": "false",
+}
+for _name, _value in TEST_ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
 
-from loopwatch.settings import *  # noqa: F403
+from loopwatch.settings import *  # noqa: E402, F403 - after the environment above
+
+# Fast password hashing: the tests sign in by the hundred (the lockout test alone 30 times); the
+# strength of a hash is Django's to test, not ours.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

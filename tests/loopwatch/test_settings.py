@@ -11,13 +11,16 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from loopwatch.env import database_from_url, env_bool, env_int, redis_url
+from tests.settings import TEST_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start(**env: str) -> subprocess.CompletedProcess:
     clean = {
-        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", *TEST_ENVIRONMENT)
     }
     return subprocess.run(
         [
@@ -89,7 +92,9 @@ def test_debug_off_with_a_secret_of_ones_own_starts():
 def _setting(expression: str, **env: str) -> str:
     """repr() of an expression on the settings of a process started with this environment."""
     clean = {
-        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", *TEST_ENVIRONMENT)
     }
     done = subprocess.run(
         [
