@@ -46,9 +46,12 @@ def install() -> None:
 def up(argv: list[str]) -> int:
     install()
     port = os.environ.get("PORT", "8000")
+    # A development server on 127.0.0.1: Django's debug pages, cookies over plain HTTP and an open
+    # /metrics (loopwatch's default is DEBUG off; see docs/security.md). DEBUG=false here still wins.
+    env = {**os.environ, "DEBUG": os.environ.get("DEBUG", "true")}
     manage = [PY, "manage.py"]
-    sh(*manage, "migrate", "--no-input", "-v", "0")
-    sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE)
+    sh(*manage, "migrate", "--no-input", "-v", "0", env=env)
+    sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE, env=env)
     key = DEMO_KEY_FILE.read_text().strip()
     server = subprocess.Popen(
         [
@@ -61,12 +64,14 @@ def up(argv: list[str]) -> int:
             "--no-access-log",
         ],
         cwd=ROOT,
+        env=env,
     )
     time.sleep(1.5)
     print(f"\nloopwatch is serving at http://127.0.0.1:{port}/  (login: demo / demo)\n", flush=True)
     simulate = subprocess.Popen(
         [str(PY), "manage.py", "simulate", "--url", f"http://127.0.0.1:{port}", "--key", key, *argv],
         cwd=ROOT,
+        env=env,
     )
     try:
         while server.poll() is None and simulate.poll() is None:
@@ -88,11 +93,29 @@ def up(argv: list[str]) -> int:
     return server.returncode or 0
 
 
+# A production-like environment for `manage.py check --deploy`: what docs/security.md tells a
+# deployment to set. The check fails on warnings too, so a setting that weakens it fails CI.
+DEPLOY_ENV = {
+    "DEBUG": "false",
+    "SECRET_KEY": "deploy-check-" + "k3y-" * 12,
+    "ALLOWED_HOSTS": "loopwatch.example.com",
+    "CSRF_TRUSTED_ORIGINS": "https://loopwatch.example.com",
+    "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto",
+    "SECURE_SSL_REDIRECT": "true",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": "true",
+    "SECURE_HSTS_PRELOAD": "true",
+}
+
+
 def test(argv: list[str]) -> int:
     install()
     sh(BIN / "ruff", "check", ".")
     sh(BIN / "ruff", "format", "--check", ".")
-    sh(PY, "manage.py", "makemigrations", "--check", "--dry-run", "-v", "0")
+    tests_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}  # as pytest runs them
+    sh(PY, "manage.py", "makemigrations", "--check", "--dry-run", "-v", "0", env=tests_env)
+    deploy_env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    deploy_env |= {"DJANGO_SETTINGS_MODULE": "loopwatch.settings", **DEPLOY_ENV}
+    sh(PY, "manage.py", "check", "--deploy", "--fail-level", "WARNING", env=deploy_env)
     return subprocess.run([str(PY), "-m", "pytest", *argv], cwd=ROOT).returncode
 
 

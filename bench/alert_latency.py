@@ -240,7 +240,10 @@ async def probe_loop(args, key: str, cookie: str, load_started: float) -> dict:
             url = f"ws://{HOST}:{args.port}/ws/alerts{query}"
             try:
                 async with websockets.connect(
-                    url, additional_headers={"Cookie": cookie}, max_queue=None
+                    url,
+                    origin=f"http://{HOST}:{args.port}",  # as the page does: other origins are refused
+                    additional_headers={"Cookie": cookie},
+                    max_queue=None,
                 ) as ws:
                     async for raw in ws:
                         now = time.perf_counter()

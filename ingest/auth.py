@@ -50,6 +50,12 @@ def api_key_forget(key_hash: str) -> None:
     _cache.pop(key_hash, None)
 
 
+def api_key_cached(raw: str) -> bool:
+    """Whether this process holds the key as active in its cache: no database, for the event loop."""
+    hit = _cache.get(api_key_hash(raw)) if raw and len(raw) <= 200 else None
+    return hit is not None and hit[0] > time.monotonic()
+
+
 def bearer_token(header: str) -> str | None:
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() != "bearer":
@@ -90,10 +96,22 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="loopwatch"'
 
 
+class ApiKeyRequired(permissions.BasePermission):
+    """What every permission that needs an API key derives from. The ASGI handler reads it off the
+    view: a request to such a view without a valid key is answered before its body is read."""
+
+
+def key_required(view_class: type | None) -> bool:
+    return any(
+        isinstance(permission, type) and issubclass(permission, ApiKeyRequired)
+        for permission in getattr(view_class, "permission_classes", ())
+    )
+
+
 def scope_permission(scope: str) -> type[permissions.BasePermission]:
     scope = str(scope.value if hasattr(scope, "value") else scope)
 
-    class HasScope(permissions.BasePermission):
+    class HasScope(ApiKeyRequired):
         message = f"Authorization: this API key lacks the {scope!r} scope"
 
         def has_permission(self, request, view) -> bool:

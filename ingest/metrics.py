@@ -1,13 +1,21 @@
-"""Prometheus metrics of the ledger, labelled by tenant and tool.
+"""Prometheus metrics of the ledger, labelled by tool.
 
 With several processes (uvicorn --workers, Celery), set PROMETHEUS_MULTIPROC_DIR to a shared empty
 folder: prometheus-client then adds up every process's figures at /metrics.
+
+Labels are bounded: every label value is a series in every process and in every scrape, and tool
+names come from tenants' traces. Tenant ids are no label at all (tenants' figures are on their
+pages); a tool is labelled by name while the process has seen fewer than
+LOOPWATCH_METRICS_MAX_TOOLS names, at most a fifth of them from one tenant, and as OTHER past
+that. Every new label of a new metric goes through a BoundedLabel too.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
+from django.conf import settings
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -17,7 +25,36 @@ from prometheus_client import (
     multiprocess,
 )
 
-LABELS = ("tenant", "tool")
+OTHER = "other"  # the label value of everything past the bound
+
+
+class BoundedLabel:
+    """Values of one label, first come first labelled: at most `limit()` distinct ones per process,
+    at most a fifth of them (at least one) brought by one tenant; the rest are OTHER."""
+
+    def __init__(self, limit) -> None:
+        self._limit = limit
+        self._values: set[str] = set()
+        self._by_tenant: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str, *, tenant_id: int) -> str:
+        if value in self._values:  # the usual case, without the lock (a set lookup is atomic)
+            return value
+        limit = self._limit()
+        with self._lock:
+            if value in self._values:
+                return value
+            mine = self._by_tenant.get(tenant_id, 0)
+            if len(self._values) >= limit or mine >= max(1, limit // 5):
+                return OTHER
+            self._values.add(value)
+            self._by_tenant[tenant_id] = mine + 1
+            return value
+
+
+TOOL = BoundedLabel(lambda: settings.LOOPWATCH_METRICS_MAX_TOOLS)
+LABELS = ("tool",)
 
 DEDUPE_HIT = Counter("dedupe_hit_total", "A claim found the operation already known.", LABELS)
 PAYLOAD_CONFLICT = Counter("payload_conflict_total", "The same key with other arguments.", LABELS)
@@ -39,7 +76,7 @@ UNKNOWN_RECONCILE = Histogram(
 
 
 def _labels(op) -> dict[str, str]:
-    return {"tenant": str(op.tenant_id), "tool": op.tool}
+    return {"tool": TOOL(op.tool, tenant_id=op.tenant_id)}
 
 
 def dedupe_hit(op) -> None:

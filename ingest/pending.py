@@ -27,7 +27,8 @@ _client = None
 _client_lock = threading.Lock()
 
 
-def _redis():
+def redis_client():
+    """This process's Redis client (REDIS_URL), for every module that keeps state in Redis."""
     global _client
     if _client is None:
         with _client_lock:
@@ -50,7 +51,7 @@ def _keys() -> tuple[str, str]:
 def pending_add(run_pks: list[int]) -> bool:
     """Add runs to the set. True when the caller must queue a task: none was queued."""
     pending, queued = _keys()
-    pipe = _redis().pipeline(transaction=True)
+    pipe = redis_client().pipeline(transaction=True)
     if run_pks:
         pipe.sadd(pending, *run_pks)
     pipe.set(queued, "1", nx=True, ex=FLAG_TTL_S)
@@ -59,14 +60,14 @@ def pending_add(run_pks: list[int]) -> bool:
 
 def pending_unqueue() -> None:
     """The task could not be queued: let the next batch try."""
-    _redis().delete(_keys()[1])
+    redis_client().delete(_keys()[1])
 
 
 def pending_take(*, limit: int = TAKE, starting: bool = False) -> list[int]:
     """Take up to `limit` runs off the set. `starting`: the task has just started; the flag is
     cleared in the same transaction, so a batch stored after this queues a task of its own."""
     pending, queued = _keys()
-    pipe = _redis().pipeline(transaction=True)
+    pipe = redis_client().pipeline(transaction=True)
     if starting:
         pipe.delete(queued)
     pipe.spop(pending, limit)
@@ -74,4 +75,4 @@ def pending_take(*, limit: int = TAKE, starting: bool = False) -> list[int]:
 
 
 def pending_count() -> int:
-    return int(_redis().scard(_keys()[0]))
+    return int(redis_client().scard(_keys()[0]))

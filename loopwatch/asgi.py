@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
@@ -13,9 +15,10 @@ from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.db import close_old_connections
 from django.http import FileResponse
 from django.http.response import HttpResponseBase
-from django.urls import set_script_prefix, set_urlconf
+from django.urls import Resolver404, resolve, set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
@@ -23,6 +26,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
 # Threads that run requests, reused from request to request; each holds at most one database
 # connection while it runs one (the pool's default size is 8 as well).
 HTTP_THREADS = 8
+
+logger = logging.getLogger("django.request")
+
+
+class BodyRefused(Exception):
+    """A request body refused while it was read: too large (413) or too slow (408)."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
 
 
 class SyncChainASGIHandler(ASGIHandler):
@@ -37,6 +50,16 @@ class SyncChainASGIHandler(ASGIHandler):
     database connection is taken from the pool and given back (request_started/request_finished).
     Every view here is synchronous (DRF and the pages), so a client that goes away cannot cancel
     one anyway; WebSockets are Channels' and never come here.
+
+    The body is read here with limits (docs/security.md), before anything else runs:
+    1. A request with a body to a view that needs an API key (ingest.auth.key_required) and
+       without a valid one is handed to Django with an empty body: the view answers its 401 in its
+       own format, and the body the client is still sending is never read (the connection closes).
+    2. A Content-Length over LOOPWATCH_MAX_BODY_BYTES is answered 413 before a byte is read; a
+       chunked body is answered 413 as soon as what came is over it.
+    3. A body that has not all come within LOOPWATCH_BODY_TIMEOUT_S is answered 408.
+    uvicorn stops reading the socket while a body waits for the application, so nothing unread
+    piles up in memory either.
     """
 
     def __init__(self) -> None:
@@ -53,12 +76,22 @@ class SyncChainASGIHandler(ASGIHandler):
         await self.handle(scope, receive, send)
 
     async def handle(self, scope, receive, send):
-        try:
-            body_file = await self.read_body(receive)
-        except RequestAborted:
-            return
         loop = asyncio.get_running_loop()
+        close = False
+        view = _view_of(scope) if _has_body(scope) else None
+        if key_required(view) and not await self._key_valid(scope):
+            body_file, close = tempfile.SpooledTemporaryFile(), True  # (1) the view answers 401
+        else:
+            try:
+                body_file = await self._body_read(scope, receive)
+            except RequestAborted:
+                return
+            except BodyRefused as refused:
+                await self._refuse(scope, send, view, refused)
+                return
         response, start, body = await loop.run_in_executor(self._executor, self._respond, scope, body_file)
+        if close:
+            start["headers"].append((b"connection", b"close"))
         if body is not None:  # closed already, in the request's thread
             await send(start)
             await send({"type": "http.response.body", "body": body})
@@ -76,6 +109,72 @@ class SyncChainASGIHandler(ASGIHandler):
             await send({"type": "http.response.body"})
         finally:
             await loop.run_in_executor(self._executor, response.close)
+
+    async def _key_valid(self, scope) -> bool:
+        raw = bearer_token(_header(scope, b"authorization"))
+        if not raw:
+            return False
+        if api_key_cached(raw):  # the usual case: no thread, no database
+            return True
+        return await asyncio.get_running_loop().run_in_executor(self._executor, _key_lookup, raw)
+
+    async def _body_read(self, scope, receive) -> tempfile.SpooledTemporaryFile:
+        """The body, in memory up to FILE_UPLOAD_MAX_MEMORY_SIZE then in a temp file, or
+        BodyRefused (2, 3)."""
+        limit = settings.LOOPWATCH_MAX_BODY_BYTES
+        length = _header(scope, b"content-length")
+        if length.isdigit() and int(length) > limit:
+            raise BodyRefused(
+                413,
+                "body_too_large",
+                f"body: {length} bytes, the limit is {limit} bytes (LOOPWATCH_MAX_BODY_BYTES)",
+            )
+        body_file = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")
+        size = 0
+        timeout = settings.LOOPWATCH_BODY_TIMEOUT_S
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise RequestAborted()
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise BodyRefused(
+                            413,
+                            "body_too_large",
+                            f"body: over the limit of {limit} bytes (LOOPWATCH_MAX_BODY_BYTES)",
+                        )
+                    body_file.write(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            body_file.close()
+            raise BodyRefused(
+                408, "body_timeout", f"body: not received within {timeout} s (LOOPWATCH_BODY_TIMEOUT_S)"
+            ) from None
+        except BaseException:
+            body_file.close()
+            raise
+        body_file.seek(0)
+        return body_file
+
+    async def _refuse(self, scope, send, view, refused: BodyRefused) -> None:
+        """The refusal in the view's format (its `refusal`, else the API's JSON error); the
+        connection is closed after it, as the rest of the body is not read."""
+        content_type = _header(scope, b"content-type")
+        make = getattr(view, "refusal", None)
+        response = (
+            make(content_type, refused.status, refused.code, refused.detail)
+            if make
+            else json_error(refused.status, refused.code, refused.detail, field="body")
+        )
+        logger.warning("%s: %s (%s)", response.reason_phrase, scope["path"], refused.detail)
+        response["Content-Length"] = str(len(response.content))
+        headers = [*_headers(response), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": response.content})
 
     async def _send_chunks(self, send, part: bytes) -> None:
         for chunk, _ in self.chunk_bytes(part):
@@ -107,6 +206,35 @@ class SyncChainASGIHandler(ASGIHandler):
         return response, start, body
 
 
+def _header(scope, name: bytes) -> str:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _has_body(scope) -> bool:
+    length = _header(scope, b"content-length")
+    return (length != "" and length != "0") or _header(scope, b"transfer-encoding") != ""
+
+
+def _view_of(scope) -> type | None:
+    """The class of the view the request goes to, or None (no such route, or a function)."""
+    path = scope["path"].removeprefix(scope.get("root_path", "")) or "/"
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return None
+    return getattr(match.func, "view_class", None)
+
+
+def _key_lookup(raw: str) -> bool:
+    try:
+        return api_key_lookup(raw) is not None
+    finally:
+        close_old_connections()  # as at the end of a request: the connection goes back to the pool
+
+
 def _headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
     # As ASGIHandler.send_response: header case kept (some clients need Content-Type), then cookies.
     headers = [
@@ -125,10 +253,11 @@ def _headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
 django.setup(set_prefix=False)
 django_asgi_app = SyncChainASGIHandler()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402 - needs the apps loaded
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - needs the apps loaded
 
 from dashboards.routing import websocket_urlpatterns as page_routes  # noqa: E402
+from ingest.api.errors import json_error  # noqa: E402
+from ingest.auth import api_key_cached, api_key_lookup, bearer_token, key_required  # noqa: E402
 from ingest.routing import websocket_urlpatterns as api_routes  # noqa: E402
 
 # Everything loaded so far lives as long as the process: keep it out of the garbage collector's
@@ -138,6 +267,7 @@ gc.freeze()
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AuthMiddlewareStack(URLRouter(api_routes + page_routes)),
+        # Each route brings its own checks: the Origin on all, the session on the pages' only.
+        "websocket": URLRouter(api_routes + page_routes),
     }
 )

@@ -7,7 +7,10 @@ process at start-up instead of surfacing later as a confusing runtime error.
 from __future__ import annotations
 
 import os
+import secrets
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -114,3 +117,23 @@ def redis_url(name: str, url: str) -> str:
     if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
         raise ImproperlyConfigured(f"{name}={url!r}: expected redis://host:port/db")
     return url
+
+
+def secret_key_file(path: Path) -> str:
+    """The secret kept in `path`, made (random, readable by its owner only) when there is none.
+
+    Every process of one embedded installation reads the same file, so their sessions and signed
+    values agree; two processes starting at once make it once (O_EXCL), the other reads it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # the other process may be writing it this very moment
+            if key := path.read_text().strip():
+                return key
+            time.sleep(0.02)
+        raise ImproperlyConfigured(f"SECRET_KEY: {path} is empty; delete it or set SECRET_KEY") from None
+    key = secrets.token_urlsafe(50)
+    with os.fdopen(fd, "w") as out:
+        out.write(key + "\n")
+    return key

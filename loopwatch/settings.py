@@ -8,21 +8,28 @@ and REDIS_URL switch to PostgreSQL (psycopg 3) and Redis.
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from loopwatch.env import database_from_url, env_bool, env_int, env_list, env_str, redis_url
+from loopwatch.env import (
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    redis_url,
+    secret_key_file,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEV_SECRET_KEY = "dev-insecure-loopwatch-key-change-me"
-DEBUG = env_bool("DEBUG", True)
-SECRET_KEY = env_str("SECRET_KEY", DEV_SECRET_KEY)
-if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY: set a secret of your own when DEBUG is off")
-if not SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY: must not be empty")
+# Off unless asked for: a debug page shows a 500's locals and request to whoever caused it.
+# `python3 dev.py up` (the Quickstart) turns it on.
+DEBUG = env_bool("DEBUG", False)
+DATABASE_URL = env_str("DATABASE_URL")
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -37,12 +44,14 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "channels",
+    "axes",
     "ingest",
     "dashboards",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "loopwatch.security.ContentSecurityPolicyMiddleware",
     # Serves static files from the ASGI server itself: no separate web server needed.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -51,6 +60,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "loopwatch.urls"
@@ -74,7 +85,6 @@ TEMPLATES = [
 ]
 
 # --- database ---------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
 else:
@@ -93,6 +103,18 @@ else:
     }
     (BASE_DIR / "var").mkdir(exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Read after DATABASE_URL: without one (the embedded mode) a missing key is made, not refused.
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DATABASE_URL:  # the embedded mode: one machine, a key of its own kept beside its database
+        SECRET_KEY = secret_key_file(BASE_DIR / "var" / "secret-key")
+    elif DEBUG:
+        SECRET_KEY = DEV_SECRET_KEY
+    else:
+        raise ImproperlyConfigured("SECRET_KEY: set a secret of your own when DEBUG is off")
+if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY: set a secret of your own when DEBUG is off")
 
 # --- Redis: Celery broker and the Channels layer -------------------------------
 REDIS_URL = env_str("REDIS_URL")
@@ -147,6 +169,8 @@ LOOPWATCH_MAX_BODY_BYTES = env_int("LOOPWATCH_MAX_BODY_BYTES", 16 * 1024 * 1024,
 LOOPWATCH_MAX_EVENT_BYTES = env_int("LOOPWATCH_MAX_EVENT_BYTES", 256 * 1024, minimum=1024)
 if LOOPWATCH_MAX_EVENT_BYTES > LOOPWATCH_MAX_BODY_BYTES:
     raise ImproperlyConfigured("LOOPWATCH_MAX_EVENT_BYTES: must not exceed LOOPWATCH_MAX_BODY_BYTES")
+# Seconds a request's whole body may take to arrive: a client that trickles it in is cut off (408).
+LOOPWATCH_BODY_TIMEOUT_S = env_int("LOOPWATCH_BODY_TIMEOUT_S", 60, minimum=1)
 # Django's own guard sits just above ours so that ours answers first, with a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LOOPWATCH_MAX_BODY_BYTES + 1
 
@@ -175,6 +199,13 @@ if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DA
     raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
 LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
 LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
+# Without a token, /metrics answers only in the embedded mode with DEBUG on (the Quickstart), or when
+# said explicitly (a scraper on a network that keeps others out).
+LOOPWATCH_METRICS_PUBLIC = env_bool("LOOPWATCH_METRICS_PUBLIC", DEBUG and not DATABASE_URL)
+# Distinct tool names a process labels its metrics with; the rest are counted as "other".
+LOOPWATCH_METRICS_MAX_TOOLS = env_int("LOOPWATCH_METRICS_MAX_TOOLS", 50, minimum=1)
+# Live alerts sockets one user may hold open at once (each joins groups and polls); more → 4429.
+LOOPWATCH_ALERT_SOCKETS_PER_USER = env_int("LOOPWATCH_ALERT_SOCKETS_PER_USER", 10, minimum=1)
 # Seconds an API key stays cached in a server process: revoking takes effect in the revoking
 # process at once, in the others within this time. 0: look the key up on every request.
 LOOPWATCH_KEY_CACHE_S = env_int("LOOPWATCH_KEY_CACHE_S", 5, minimum=0)
@@ -232,6 +263,60 @@ except OSError:
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# --- sign-in and transport security (docs/security.md) -------------------------------------------
+# django-axes: after LOOPWATCH_LOGIN_FAILURE_LIMIT wrong passwords for one user from one address,
+# that pair is locked out (429, the right password included) for LOOPWATCH_LOGIN_LOCKOUT_MIN.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out pair before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOOPWATCH_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOOPWATCH_LOGIN_LOCKOUT_MIN", 15, minimum=1))
+# The user and the address together: neither locks a user out from everywhere (anyone could) nor
+# everyone behind one address.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True  # failures are kept, not a row per successful sign-in
+AXES_LOCKOUT_CALLABLE = "loopwatch.security.login_locked_out"
+AXES_VERBOSE = False
+
+
+def _proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto (meaning https) or Name=value."""
+    if not raw.strip():
+        return None
+    name, _, value = raw.partition("=")
+    name, value = name.strip(), (value.strip() or "https")
+    if not name or not all(c.isalnum() or c == "-" for c in name):
+        raise ImproperlyConfigured(
+            f"SECURE_PROXY_SSL_HEADER={raw!r}: expected a header name, e.g. X-Forwarded-Proto"
+        )
+    return "HTTP_" + name.upper().replace("-", "_"), value
+
+
+# Only set it behind a proxy that ends TLS and always sets (or strips) this header itself.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(env_str("SECURE_PROXY_SSL_HEADER"))
+# With DEBUG off, cookies travel over HTTPS only and browsers are told to keep to HTTPS (HSTS is
+# sent on HTTPS answers only).
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# Off by default: a proxy in front usually redirects to HTTPS itself.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# The pages run scripts from this origin only (data goes through json_script); Plotly styles its
+# charts inline; the alerts socket is this origin's (CSP 3 'self' covers ws:/wss:). Empty: no header.
+LOOPWATCH_CSP = env_str(
+    "LOOPWATCH_CSP",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'",
+)
+
+# A 500's report (the debug page, a logged or mailed report) hides connection URLs and secrets.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "loopwatch.security.SafeExceptionReporterFilter"
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

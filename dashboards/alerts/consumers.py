@@ -13,7 +13,9 @@ ones. Messages, all JSON:
 The pipeline publishes interventions only; with observe=1 the observations are read from the
 database every OBSERVE_POLL_S seconds. A socket without a signed-in user is closed with 4401, and
 so is one whose session ended (sign-out) while it was open; every ACCESS_CHECK_S seconds the
-socket follows the user's memberships (a tenant taken away stops its alerts).
+socket follows the user's memberships (a tenant taken away stops its alerts). A user has at most
+LOOPWATCH_ALERT_SOCKETS_PER_USER sockets open (every one joins groups and polls): the one over
+it says why in an error message and is closed with 4429.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from importlib import import_module
 from urllib.parse import parse_qsl
 
 import orjson
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -36,6 +40,7 @@ from dashboards.alerts.selectors import (
     alerts_after,
     user_tenant_ids,
 )
+from dashboards.alerts.sockets import alert_socket_claim, alert_socket_release, alert_socket_renew
 from ingest.events import alerts_group
 from ingest.models import Detection
 
@@ -43,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_TOO_MANY = 4429
 OBSERVE_POLL_S = 2.0  # observations are not published live; how stale they may be on the page
 ACCESS_CHECK_S = 30.0  # how long a revoked membership or an ended session may still receive alerts
 
@@ -55,6 +61,7 @@ class AlertsConsumer(AsyncWebsocketConsumer):
         self.groups_joined = []
         self.tenant_ids = []
         self._tasks: list[asyncio.Task] = []
+        self._claimed_for: int | None = None  # the user whose socket count this one is in
         # Accept first, then close: a close before the handshake reaches a browser as a bare
         # failure without the code, and the page must tell "signed out" from "server away".
         await self.accept()
@@ -70,6 +77,17 @@ class AlertsConsumer(AsyncWebsocketConsumer):
             await self._send({"type": "error", "field": exc.field, "detail": str(exc)})
             await self.close(code=CLOSE_BAD_REQUEST, reason=str(exc)[:120])
             return
+        claim = sync_to_async(alert_socket_claim, thread_sensitive=False)
+        if not await claim(user_id=user.pk, channel=self.channel_name, now=time.time()):
+            limit = settings.LOOPWATCH_ALERT_SOCKETS_PER_USER
+            detail = (
+                f"too many alert sockets open for this user (LOOPWATCH_ALERT_SOCKETS_PER_USER={limit}); "
+                "close another alerts page"
+            )
+            await self._send({"type": "error", "field": None, "detail": detail})
+            await self.close(code=CLOSE_TOO_MANY, reason="too many alert sockets for this user")
+            return
+        self._claimed_for = user.pk
         self.tenant_ids = await database_sync_to_async(user_tenant_ids)(user=user)
         # Join before reading the catch-up: an alert published in between comes twice (the page
         # keeps one per id), never not at all.
@@ -95,6 +113,11 @@ class AlertsConsumer(AsyncWebsocketConsumer):
         for group in list(self.groups_joined):
             await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []
+        if self._claimed_for is not None:
+            release = sync_to_async(alert_socket_release, thread_sensitive=False)
+            with contextlib.suppress(Exception):  # unreleased, the claim runs out by itself
+                await release(user_id=self._claimed_for, channel=self.channel_name)
+            self._claimed_for = None
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Pages send nothing but keep-alive pings."""
@@ -127,8 +150,10 @@ class AlertsConsumer(AsyncWebsocketConsumer):
         while True:
             await asyncio.sleep(ACCESS_CHECK_S)
             try:
+                renew = sync_to_async(alert_socket_renew, thread_sensitive=False)
+                await renew(user_id=user.pk, channel=self.channel_name, now=time.time())
                 tenant_ids = await database_sync_to_async(_access_now)(user=user, session_key=session_key)
-            except Exception:  # a database hiccup: check again next time
+            except Exception:  # a database or Redis hiccup: check again next time
                 logger.exception("checking the alerts socket's access failed")
                 continue
             if tenant_ids is None:

@@ -53,8 +53,11 @@ def exception_handler(exc, context):
     return response
 
 
-def json_error(status_code: int, code: str, detail: str) -> JsonResponse:
-    return JsonResponse({"error": code, "detail": detail}, status=status_code)
+def json_error(status_code: int, code: str, detail: str, field: str | None = None) -> JsonResponse:
+    body = {"error": code, "detail": detail}
+    if field:
+        body["field"] = field
+    return JsonResponse(body, status=status_code)
 
 
 # Machine paths answer JSON; everything else is a page a person opened in a browser.

@@ -137,9 +137,22 @@ class OtlpTracesIngestApi(APIView):
             status, message = 429, str(exc.detail)
         else:
             return super().handle_exception(exc)
-        response = HttpResponse(
-            status_encode(encoding, status, message), status=status, content_type=CONTENT_TYPES[encoding]
-        )
+        response = status_response(encoding, status, message)
         for name, value in headers.items():
             response[name] = value
         return response
+
+    @staticmethod
+    def refusal(content_type: str, status: int, code: str, detail: str) -> HttpResponse:
+        """A body refused before the view ran (loopwatch/asgi.py: too large, too slow)."""
+        try:
+            encoding = encoding_of(content_type)
+        except OtlpError:
+            encoding = JSON
+        return status_response(encoding, status, detail)
+
+
+def status_response(encoding: str, status: int, message: str) -> HttpResponse:
+    return HttpResponse(
+        status_encode(encoding, status, message), status=status, content_type=CONTENT_TYPES[encoding]
+    )

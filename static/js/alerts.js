@@ -10,6 +10,7 @@
   const PING_MS = 25000; // keeps proxies from closing an idle socket
   const CLOSE_BAD_REQUEST = 4400;
   const CLOSE_UNAUTHENTICATED = 4401;
+  const CLOSE_TOO_MANY = 4429; // this user has too many alerts pages open
   const LABELS = { true_loop: "true loop", false_alarm: "false alarm" };
 
   const config = JSON.parse(document.getElementById("alerts-config").textContent);
@@ -154,6 +155,12 @@
         return;
       }
       if (event.code === CLOSE_BAD_REQUEST) return; // the error message says why; retrying will not help
+      if (event.code === CLOSE_TOO_MANY) {
+        // A place frees when another page closes: try again now and then, not in a hurry.
+        setStatus("error", `too many alerts pages open — close one; trying again in ${BACKOFF_MAX_MS / 1000} s`);
+        setTimeout(connect, BACKOFF_MAX_MS);
+        return;
+      }
       const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** attempts) * (0.75 + Math.random() / 2);
       attempts += 1;
       setStatus("reconnecting", `disconnected — reconnecting in ${Math.round(delay / 1000)} s`);

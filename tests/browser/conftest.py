@@ -196,5 +196,18 @@ def page(chromium, live_stack):
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.js_errors = errors  # tests may assert the page ran without JavaScript errors
+    # Whatever the Content-Security-Policy blocked on any page the test opened (Chromium reports it
+    # on the console): every browser test checks that the policy breaks nothing.
+    blocked: list[str] = []
+    page.on(
+        "console",
+        lambda message: (
+            blocked.append(f"{page.url}: {message.text}")
+            if "Content Security Policy" in message.text
+            else None
+        ),
+    )
+    page.csp_blocked = blocked
     yield page
     context.close()
+    assert not blocked, "the Content-Security-Policy blocked:\n" + "\n".join(blocked)

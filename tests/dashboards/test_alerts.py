@@ -21,7 +21,6 @@ from django.utils.html import escape
 from dashboards.alerts import consumers
 from dashboards.alerts.selectors import AlertFilterError, AlertFilters, alert_list, alerts_after
 from dashboards.models import Membership
-from dashboards.routing import websocket_urlpatterns
 from ingest.models import Detection
 from ingest.services import events_ingest
 from tests.ingest.events import model_round, run_started, tool_call, tool_result
@@ -286,11 +285,14 @@ def socket_test(test):
 
 
 def _socket(user, query: str = "") -> WebsocketCommunicator:
-    from channels.routing import URLRouter
-
-    ws = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/alerts{query}")
+    """The consumer itself, with the user a session would have given it."""
+    ws = WebsocketCommunicator(consumers.AlertsConsumer.as_asgi(), f"/ws/alerts{query}")
     ws.scope["user"] = user
     return ws
+
+
+# What a page of the app sends with its socket (the Origin is checked: tests/loopwatch/test_websocket_origin.py).
+PAGE_HEADERS = [(b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8000")]
 
 
 async def _json(ws: WebsocketCommunicator, timeout: float = 5) -> dict:
@@ -449,11 +451,13 @@ async def test_the_socket_knows_the_user_from_the_session_cookie(tenant):
     client = Client()
     await database_sync_to_async(client.force_login)(ana)
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    ws = WebsocketCommunicator(application, "/ws/alerts?after=0", headers=[(b"cookie", cookie)])
+    ws = WebsocketCommunicator(
+        application, "/ws/alerts?after=0", headers=[*PAGE_HEADERS, (b"cookie", cookie)]
+    )
     await ws.connect(timeout=10)
     assert (await _json(ws))["type"] == "catch_up"
     await ws.disconnect()
-    anonymous = WebsocketCommunicator(application, "/ws/alerts?after=0")
+    anonymous = WebsocketCommunicator(application, "/ws/alerts?after=0", headers=PAGE_HEADERS)
     await anonymous.connect(timeout=10)
     assert (await anonymous.receive_output(timeout=2))["code"] == 4401
     await asyncio.sleep(0)
@@ -502,7 +506,7 @@ async def test_a_socket_is_closed_when_its_session_ends(tenant, monkeypatch):
     client = Client()
     await database_sync_to_async(client.force_login)(ana)
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    ws = WebsocketCommunicator(application, "/ws/alerts", headers=[(b"cookie", cookie)])
+    ws = WebsocketCommunicator(application, "/ws/alerts", headers=[*PAGE_HEADERS, (b"cookie", cookie)])
     assert (await ws.connect(timeout=10))[0]
     await database_sync_to_async(client.logout)()
     closed = await ws.receive_output(timeout=5)
@@ -522,7 +526,9 @@ async def test_a_socket_is_closed_when_its_session_expires(tenant, monkeypatch):
     client = Client()
     await database_sync_to_async(client.force_login)(ana)
     key = client.cookies["sessionid"].value
-    ws = WebsocketCommunicator(application, "/ws/alerts", headers=[(b"cookie", f"sessionid={key}".encode())])
+    ws = WebsocketCommunicator(
+        application, "/ws/alerts", headers=[*PAGE_HEADERS, (b"cookie", f"sessionid={key}".encode())]
+    )
     assert (await ws.connect(timeout=10))[0]
     # Not signed out: the session's time is up (its row stays until clearsessions).
     await database_sync_to_async(Session.objects.filter(session_key=key).update)(

@@ -15,7 +15,10 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
 
 def _connect(key: str | None = None) -> WebsocketCommunicator:
-    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    # As an agent runtime connects: a Host, no Origin (not a browser).
+    headers = [(b"host", b"127.0.0.1:8000")]
+    if key:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
     return WebsocketCommunicator(application, "/ws/v1/events", headers=headers)
 
 

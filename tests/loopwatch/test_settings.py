@@ -11,13 +11,16 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from loopwatch.env import database_from_url, env_bool, env_int, redis_url
+from tests.settings import TEST_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start(**env: str) -> subprocess.CompletedProcess:
     clean = {
-        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", *TEST_ENVIRONMENT)
     }
     return subprocess.run(
         [
@@ -46,7 +49,11 @@ def test_no_environment_is_the_embedded_default():
 
 
 def test_database_and_redis_urls_switch_to_the_real_servers():
-    done = _start(DATABASE_URL="postgres://u:p@db.example:5433/lw", REDIS_URL="redis://cache:6379/2")
+    done = _start(
+        DATABASE_URL="postgres://u:p@db.example:5433/lw",
+        REDIS_URL="redis://cache:6379/2",
+        SECRET_KEY="s3cret-for-the-test",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [
         "loopwatch.db",
@@ -58,7 +65,8 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
 @pytest.mark.parametrize(
     ("env", "named"),
     [
-        ({"DEBUG": "false"}, "SECRET_KEY"),
+        ({"DATABASE_URL": "postgres://db.example/lw"}, "SECRET_KEY"),
+        ({"DEBUG": "false", "DATABASE_URL": "postgres://db.example/lw"}, "SECRET_KEY"),
         ({"DEBUG": "maybe"}, "DEBUG"),
         ({"DATABASE_URL": "mysql://x/y"}, "DATABASE_URL"),
         ({"DATABASE_URL": "postgres://host:notaport/db"}, "DATABASE_URL"),
@@ -79,6 +87,45 @@ def test_a_bad_value_stops_start_up_naming_the_variable(env, named):
 
 def test_debug_off_with_a_secret_of_ones_own_starts():
     assert _start(DEBUG="false", SECRET_KEY="s3cret-for-the-test").returncode == 0
+
+
+def _setting(expression: str, **env: str) -> str:
+    """repr() of an expression on the settings of a process started with this environment."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", *TEST_ENVIRONMENT)
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import django; django.setup(); from django.conf import settings; print(repr({expression}))",
+        ],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "loopwatch.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_debug_is_off_unless_asked_for():
+    assert _setting("settings.DEBUG") == "False"
+    assert _setting("settings.DEBUG", DATABASE_URL="postgres://db.example/lw", SECRET_KEY="x" * 50) == "False"
+    assert _setting("settings.DEBUG", DEBUG="true") == "True"
+
+
+def test_the_embedded_mode_without_a_secret_makes_one_of_its_own_and_keeps_it():
+    from loopwatch.settings import DEV_SECRET_KEY
+
+    first = _setting("settings.SECRET_KEY")
+    assert first != repr(DEV_SECRET_KEY) and len(first) > 50
+    assert _setting("settings.SECRET_KEY") == first  # sessions survive a restart
+    assert (ROOT / "var" / "secret-key").stat().st_mode & 0o077 == 0  # readable by its owner only
+    assert _setting("settings.SECRET_KEY", SECRET_KEY="mine-" + "x" * 50) == repr("mine-" + "x" * 50)
 
 
 def test_env_helpers():
