@@ -20,9 +20,9 @@ def detect_on_call(t: Thresholds, state: RunState, call: Call, ts: float | None)
         rec = SigRecord(first_call=call.index, world=call.world)
         call.fresh = True
     else:
-        # Sent before the previous identical call's result came (a parallel batch): not a reaction
-        # to that result, so not a repeat of it.
-        call.reaction = rec.answered_call == rec.last_call
+        # In the same round as the previous identical call (a parallel batch: the model sent both
+        # before it saw any result): not a reaction to that result, so not a repeat of it.
+        call.reaction = rec.last_round != call.round
     call.adjacent = rec.last_call == call.index - 1 or (t.count_by_round and rec.last_round == call.round)
     rec.last_call = call.index
     rec.last_round = call.round
@@ -38,9 +38,10 @@ def detect_on_call(t: Thresholds, state: RunState, call: Call, ts: float | None)
 
 def _repeat(t: Thresholds, state: RunState, call: Call, rec: SigRecord) -> list[Detection]:
     occurrence = rec.streak + 1  # if its result is the same again
-    period, cycles, members = _periodic_suffix(state.recent)
+    recent = [c for c in state.recent if c.world == call.world]  # cycles within this stretch
+    period, cycles, members = _periodic_suffix(recent)
     if period >= 2 and call.sig in members:
-        if any(c.kind == "poll" for c in state.recent[-period:]):
+        if any(c.kind == "poll" for c in recent[-period:]):
             return []  # polling between other calls: the poll budget's business
         if not all(state.sigs[s].streak >= cycles - 1 for s in members if s in state.sigs):
             return []
@@ -61,12 +62,12 @@ def _repeat(t: Thresholds, state: RunState, call: Call, rec: SigRecord) -> list[
     for target in targets:
         target.fired = max(target.fired, level)
     if kind == "oscillation":
-        tools = " → ".join(c.tool for c in state.recent[-period:])
+        tools = " → ".join(c.tool for c in recent[-period:])
         hint = (
             f"You are alternating {tools} and the results have not changed for {cycles} cycles. "
             "Stop alternating: use what you have, try a different approach, or finish."
         )
-        evidence = {"period": period, "cycles": cycles, "sequence": [c.tool for c in state.recent[-period:]]}
+        evidence = {"period": period, "cycles": cycles, "sequence": [c.tool for c in recent[-period:]]}
     elif kind == "exact_repeat":
         hint = (
             f"You have called {call.tool} {count} times with identical arguments {short(call.args)} and the "
@@ -127,7 +128,6 @@ def note_result(
     if rec is None:
         rec = SigRecord(first_call=call.index, last_call=call.index, last_round=call.round, world=call.world)
         remember(state.sigs, call.sig, rec, MAX_SIGS)
-    rec.answered_call = max(rec.answered_call, call.index)
     if rec.world != call.world:
         # The first answer since the world changed (a user's turn, a write): a new question.
         rec.streak, rec.last_digest, rec.fired, rec.world = 0, None, 0, call.world

@@ -165,7 +165,7 @@ class Engine:
         text.note_tool_call(state)
         found = calls.detect_on_call(self.t, state, call, ts)
         found += calls.detect_goal_budget(self.t, state, call, goals)
-        return found
+        return kinds.with_kind(found, call)
 
     def _normalise(self, name: str, args: dict[str, Any]) -> tuple[dict, dict, dict]:
         """(canonical arguments, those without the cursor, the cursor) of a call of `name`."""
@@ -236,7 +236,7 @@ class Engine:
             self._progress(state)
         elif record_progress is not None or call.kind != "poll":
             found += self._no_progress(state, call)
-        return found
+        return kinds.with_kind(found, call)
 
     def _kind_from_result(self, state: RunState, call: Call, result: Any) -> None:
         """An undeclared read or other whose result says "still working", or whose status changed

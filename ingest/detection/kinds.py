@@ -19,7 +19,12 @@ and shown in the evidence of what fires on it.
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ingest.detection.policy import Detection
+    from ingest.detection.state import Call
 
 KIND_NAMES = ("read", "write", "poll", "other")
 DECLARED = ("event", "config")  # where a kind was said rather than guessed
@@ -97,3 +102,12 @@ def status_of(result: Any) -> str:
 
 def pending(status: str) -> bool:
     return status.replace(" ", "_") in PENDING
+
+
+def with_kind(found: list[Detection], call: Call) -> list[Detection]:
+    """The detections on a call, their evidence naming the kind it was judged as and, when nobody
+    declared it, where that kind came from."""
+    extra: dict[str, str] = {"tool_kind": call.kind}
+    if call.kind_from not in DECLARED:
+        extra["kind_inferred_from"] = call.kind_from
+    return [replace(d, evidence={**d.evidence, **extra}) for d in found]

@@ -61,7 +61,6 @@ class SigRecord:
     polls_unchanged: int = 0
     poll_since_ts: float = 0.0
     world: int = 0  # the stretch of the run (RunState.world) its streak belongs to
-    answered_call: int = 0  # index of the last call of it whose result came
     status: str = ""  # the status field of its last result (kinds.status_of)
 
 
