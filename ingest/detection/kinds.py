@@ -18,6 +18,7 @@ and shown in the evidence of what fires on it.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ def words(name: str) -> list[str]:
     return [w.lower() for w in _WORDS.findall(name)]
 
 
+@functools.lru_cache(maxsize=4096)  # a tenant has few tools; the name is parsed once
 def kind_from_name(name: str) -> str:
     """read / write / poll / other, from the name alone."""
     parts = words(name)

@@ -31,6 +31,10 @@ from ingest.detection.policy import CORRECT, Detection, action_name, level_for
 from ingest.detection.state import MAX_QUESTIONS, TEXT_MEMORY, USER_MEMORY, RunState, remember
 
 EMPTY_TOKENS = 3  # a round that said nothing and called nothing costs a few tokens at most
+# Of a long text, the beginning and the end are read for requests and announcements (a request
+# closes a long summary; a task statement of pages asks nothing of the model's loops): the cost of
+# an event stays bounded whatever the length of what was said.
+SCAN_HEAD, SCAN_TAIL = 1000, 2000
 # Texts longer than this are compared by their first TEXT_PREFIX characters (and whole by hash):
 # fuzzy matching costs grow with the square of the length.
 TEXT_PREFIX = 600
@@ -152,6 +156,18 @@ _PARAGRAPH = re.compile(r"\n\s*\n")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n")
 
 
+def scanned(raw: str) -> str:
+    """The part of a text read for patterns, case-folded: its head and tail when it is long."""
+    if len(raw) > SCAN_HEAD + SCAN_TAIL:
+        raw = raw[:SCAN_HEAD] + "\n\n" + raw[-SCAN_TAIL:]
+    return raw.casefold().replace("\u2019", "'")
+
+
+def key_of(raw: str) -> str:
+    """text_key of a text, bounded (the comparisons read TEXT_PREFIX characters of it)."""
+    return text_key(raw[: 2 * TEXT_PREFIX])[:TEXT_PREFIX]
+
+
 def requests_in(raw: str) -> str:
     """The model's requests for information in a text, as one key ("" when it asks for none).
 
@@ -159,7 +175,7 @@ def requests_in(raw: str) -> str:
     and are not a decision put to the user; a request ending with a colon brings the lines after
     it (the list of what is asked for).
     """
-    lowered = raw.casefold().replace("\u2019", "'")
+    lowered = scanned(raw)
     if "?" not in lowered and not REQUEST.search(lowered):
         return ""
     parts: list[str] = []
@@ -181,12 +197,12 @@ def user_message(t: Thresholds, state: RunState, event: dict[str, Any]) -> tuple
     raw = event.get("text") if isinstance(event.get("text"), str) else ""
     sender = event.get("sender")
     if isinstance(sender, str) and sender.strip().casefold() not in USER_SENDERS:
-        return False, False, _harness(t, state, text_key(raw)[:TEXT_PREFIX], sender)
+        return False, False, _harness(t, state, key_of(raw), sender)
     state.user_messages += 1
     state.harness = ["", 0, 0]
     state.replied = True
-    key = text_key(raw)[:TEXT_PREFIX]
-    non_answer = bool(NON_ANSWER.search(raw.casefold().replace("\u2019", "'")))
+    key = key_of(raw)
+    non_answer = bool(NON_ANSWER.search(scanned(raw)))
     # News: an id, number, e-mail or code not given before; "I don't have it" (also worth knowing);
     # else words unlike the user's last turns — but not a nudge ("please continue", "yes, thanks").
     ids = {m.strip(".+-").casefold() for m in USER_ID.findall(raw[:TEXT_PREFIX])} - {""}
@@ -225,7 +241,7 @@ def detect_text(
     t: Thresholds, state: RunState, event: dict[str, Any], previous_round_calls: int
 ) -> list[Detection]:
     raw = event.get("text") or ""
-    key = text_key(raw)[:TEXT_PREFIX] if isinstance(raw, str) else ""
+    key = key_of(raw) if isinstance(raw, str) else ""
     found: list[Detection] = []
     tokens = event.get("output_tokens")
     if not key and isinstance(tokens, int) and tokens <= EMPTY_TOKENS:
@@ -293,7 +309,7 @@ def _restated(t: Thresholds, state: RunState, key: str, raw: str) -> list[Detect
 
 def _announcement(t: Thresholds, state: RunState, raw: str) -> list[Detection]:
     """Saying what it will do, round after round, in other words each time, and not doing it."""
-    if not ANNOUNCEMENT.search(raw.casefold().replace("\u2019", "'")):
+    if not ANNOUNCEMENT.search(scanned(raw)):
         return []
     state.announcements += 1
     level = level_for(state.announcements, t.announcement_rounds, t.escalate_every)
@@ -316,7 +332,9 @@ def _announcement(t: Thresholds, state: RunState, raw: str) -> list[Detection]:
 def _printed(t: Thresholds, state: RunState, raw: str) -> list[Detection]:
     """The same tool call written in the text, round after round, and never made: whatever the user
     says between, it is announced and not done."""
-    match = PRINTED_CALL.search(raw)
+    if '"name"' not in raw and '"tool"' not in raw and '"function"' not in raw:
+        return []
+    match = PRINTED_CALL.search(raw[: SCAN_HEAD + SCAN_TAIL])
     if match is None:
         return []
     key = digest(text_key(match.group()))
