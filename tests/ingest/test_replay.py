@@ -342,3 +342,12 @@ def test_replay_bad_labels_file_names_the_field(trace: Path, tmp_path: Path, con
     with pytest.raises(CommandError) as caught:
         _replay(str(trace), "--labels", str(labels))
     assert str(labels) in str(caught.value) and field in str(caught.value)
+
+
+def test_replay_shows_what_a_kind_in_shadow_would_have_done(trace: Path, tmp_path: Path):
+    thresholds = tmp_path / "modes.json"
+    thresholds.write_bytes(orjson.dumps({"mode_exact_repeat": "shadow"}))
+    out, _ = _replay(str(trace), "--thresholds", str(thresholds))
+    line = next(line for line in out.splitlines() if "(in shadow: correct)" in line)
+    assert line.split()[:4] == ["3", "3", "exact_repeat", "observe"]
+    assert "replay: 2 runs, 0 with an intervention" in out

@@ -514,9 +514,11 @@ class Command(BaseCommand):
                 f"  {'call':>5}  {'round':>5}  {'kind':<{kind_width}}  {'action':<{action_width}}  hint"
             )
             for d in result.detections:
+                # A kind in shadow: observed, with what full would have done before its hint.
+                shadow = f"(in shadow: {d.evidence['shadow']}) " if "shadow" in d.evidence else ""
                 out.write(
                     f"  {d.at_call:>5}  {d.at_round:>5}  {d.kind:<{kind_width}}  {d.action:<{action_width}}  "
-                    f"{_shorten(d.hint, HINT_WIDTH)}"
+                    f"{shadow}{_shorten(d.hint, HINT_WIDTH)}"
                 )
         out.write("")
         out.write(self._summary(results, data))
