@@ -20,9 +20,10 @@ def detect_on_call(t: Thresholds, state: RunState, call: Call, ts: float | None)
         rec = SigRecord(first_call=call.index, world=call.world)
         call.fresh = True
     else:
-        # In the same round as the previous identical call (a parallel batch: the model sent both
-        # before it saw any result): not a reaction to that result, so not a repeat of it.
-        call.reaction = rec.last_round != call.round
+        # Sent in the same round as the previous identical call and before that one's result came
+        # (a parallel batch: the model saw neither result): not a reaction to it, so not a repeat.
+        # Rounds alone do not say it: a runtime that numbers no rounds sends everything in one.
+        call.reaction = not (rec.last_round == call.round and rec.answered_call < rec.last_call)
     call.adjacent = rec.last_call == call.index - 1 or (t.count_by_round and rec.last_round == call.round)
     rec.last_call = call.index
     rec.last_round = call.round
@@ -128,6 +129,7 @@ def note_result(
     if rec is None:
         rec = SigRecord(first_call=call.index, last_call=call.index, last_round=call.round, world=call.world)
         remember(state.sigs, call.sig, rec, MAX_SIGS)
+    rec.answered_call = max(rec.answered_call, call.index)
     if rec.world != call.world:
         # The first answer since the world changed (a user's turn, a write): a new question.
         rec.streak, rec.last_digest, rec.fired, rec.world = 0, None, 0, call.world

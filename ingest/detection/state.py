@@ -62,6 +62,7 @@ class SigRecord:
     poll_since_ts: float = 0.0
     world: int = 0  # the stretch of the run (RunState.world) its streak belongs to
     status: str = ""  # the status field of its last result (kinds.status_of)
+    answered_call: int = 0  # the index of the last call of it whose result came
 
 
 @dataclass

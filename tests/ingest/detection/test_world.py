@@ -94,9 +94,22 @@ def test_the_same_failure_after_the_user_asked_again_counts_one_retry_more():
 
 
 def test_identical_calls_in_one_parallel_batch_are_not_repeats_of_each_other():
+    # The model sent the same search three times in one round: the results come after all three.
     run = RunBuilder().say()
-    for _ in range(3):  # the model sent the same search three times in one round
-        run.call(
-            "search_flights", {"from": "JFK", "to": "LAX"}, [], error_class="empty_result", new_round=False
+    for n in range(1, 4):
+        run.events.append(
+            run._event(
+                "tool_call", round=1, call_id=f"c{n}", tool="search_flights", kind="read", args={"to": "LAX"}
+            )
+        )
+    for n in range(1, 4):
+        run.events.append(
+            run._event("tool_result", call_id=f"c{n}", status="ok", result=[], error_class="empty_result")
         )
     assert interventions(run.detect()) == []
+    # A runtime that numbers no rounds: the same round, but each call after the last one's result.
+    flat = RunBuilder().say()
+    for _ in range(3):
+        flat.call("search_flights", {"to": "LAX"}, {"flights": []}, new_round=False)
+    found = interventions(flat.detect())
+    assert (found[0].kind, found[0].at_call) == ("exact_repeat", 3)
