@@ -208,11 +208,8 @@ def user_message(t: Thresholds, state: RunState, event: dict[str, Any]) -> tuple
     ids = {m.strip(".+-").casefold() for m in USER_ID.findall(raw[:TEXT_PREFIX])} - {""}
     new_id = bool(ids - set(state.user_ids))
     nudge = len({w for w in content_words(key) - GENERIC if len(w) > 2}) <= 1
-    news = (
-        new_id
-        or non_answer
-        or (not nudge and not any(alike(key, before, t.text_similarity) for before in state.user_keys))
-    )
+    repeated = not nudge and any(alike(key, before, t.text_similarity) for before in state.user_keys)
+    news = new_id or non_answer or not (nudge or repeated)
     state.user_keys = [*state.user_keys[-(USER_MEMORY - 1) :], key]
     state.user_ids = [*(i for i in state.user_ids if i not in ids), *sorted(ids)][-USER_IDS:]
     for question in state.questions:
@@ -220,8 +217,9 @@ def user_message(t: Thresholds, state: RunState, event: dict[str, Any]) -> tuple
         question[2] = question[2] or not non_answer
     if non_answer:
         state.stalled, state.stalled_fired = 0, 0
-    elif news:
-        # A request answered with something new starts a new stretch of requests (it is its first).
+    elif news or not repeated:
+        # A request answered with something new, or a plain "yes", starts a new stretch of requests
+        # (it is its first): only the user saying again what they said before stalls it.
         state.stalled, state.stalled_fired = (1 if state.asked else 0), 0
     if news:
         state.news_since_text = True

@@ -153,3 +153,12 @@ def test_alike_does_not_match_a_word_inside_a_long_text():
     assert alike("could you tell me your order number", "could you tell me your order number please", 0.85)
     long_a, long_b = "x" * 5000, "x" * 5000
     assert alike(long_a, long_b, 0.85)
+
+
+def test_requests_answered_yes_one_after_another_are_a_walk_through_not_a_loop():
+    run = RunBuilder().user("Please ship my order to the new address.")
+    run.say("Could you confirm the address is 12 Rue de Rivoli, Paris?").user("Yes.")
+    run.say("Could you confirm the order is A-4412, the blue mug?").user("Yes, that's right.")
+    run.say("Could you confirm the delivery can be left with a neighbour?").user("Sure.")
+    run.say("Could you confirm you want standard shipping?")
+    assert interventions(run.detect()) == []
