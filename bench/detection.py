@@ -11,7 +11,7 @@ No Django, no database, no I/O in the timed loops: `ingest.detection` only.
    base, web pages, SQL, polls, ticket writes). Most calls are new requests with new results; some
    repeat a call exactly (adjacent or later), some nudge a search (perturbation), some alternate
    two calls, some fail (transient then retried, not_found), some poll a job; rounds now and then
-   say something, rarely a question. No signature is repeated often enough to reach `terminate`,
+   say something, rarely a question; the user now and then says something. No signature is repeated often enough to reach `terminate`,
    and the budgets are raised (CONFIG) so that the long run goes to its end: a terminated run
    would still be processed, but it is not the case being measured.
 3. Short: distinct runs of --short-calls calls, each with a fresh RunState, replayed round after
@@ -19,7 +19,11 @@ No Django, no database, no I/O in the timed loops: `ingest.detection` only.
 4. Long again, serialising and restoring the state every --checkpoint-every events
    (orjson.dumps(state.to_dict()) then RunState.from_dict(orjson.loads(...))), as the Celery
    pipeline does per batch; its detections must equal the uninterrupted run's.
-5. Prints the table: events/s, the long/short ratio against the targets, the serialised state
+5. Replays the runs real agents recorded (`<root>/../shared/corpus/real-dev/runs/*.jsonl`, read
+   and parsed before the clock starts; skipped when they are not beside the checkout) with the
+   shipped defaults, all of them in turn until --min-seconds have passed: conversations with user
+   turns, harness messages, long tool results.
+6. Prints the table: events/s, the long/short ratio against the targets, the serialised state
    size at the end of each run and the time of one to_dict/from_dict round trip.
 """
 
@@ -43,7 +47,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ingest.detection import Config, Detection, Engine, RunState, Thresholds
+from ingest.detection import DEFAULT_CONFIG, Config, Detection, Engine, RunState, Thresholds
 
 TARGET_EVENTS_S = 20_000  # one core must keep up with a busy tenant's stream with room to spare
 TARGET_RATIO = 0.8  # the cost of an event must not grow with the run's length (bounded state)
@@ -62,6 +66,7 @@ CONFIG = Config(
         no_progress_steps=10**6,
     )
 )
+REAL_CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus" / "real-dev"
 MAX_REISSUES = 3  # an identical call at most 4 times: `correct`, never `handoff`/`terminate`
 
 Event = dict[str, Any]
@@ -241,6 +246,10 @@ class RunBuilder:
         rng = self.rng
         self.calls += 1
         self.now += timedelta(seconds=rng.uniform(0.5, 4.0))
+        if rng.random() < 0.02:
+            # Now and then the user says something: new (an id) or the same again.
+            said = f"Please also check order ORD-{rng.randint(100_000, 999_999)} for {rng.choice(FIRST)}."
+            self.emit("user_message", text=said if rng.random() < 0.7 else "Any news? Please hurry.")
         text = None
         roll = rng.random()
         if roll < 0.003:
@@ -426,6 +435,12 @@ def state_fields(state: RunState, top: int = 5) -> str:
     return ", ".join(f"{name} {size:,}" for name, size in largest)
 
 
+def real_runs(folder: Path) -> list[list[Event]]:
+    """The recorded runs, each parsed into its events (in file order), or [] without them."""
+    paths = sorted((folder / "runs").glob("*.jsonl")) if folder.is_dir() else []
+    return [[orjson.loads(line) for line in p.read_bytes().splitlines() if line.strip()] for p in paths]
+
+
 def pin() -> str:
     try:
         cpu = max(os.sched_getaffinity(0))
@@ -450,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--checkpoint-every", type=int, default=1_000, help="events between state round trips"
+    )
+    parser.add_argument(
+        "--real-corpus", type=Path, default=REAL_CORPUS, help="folder of recorded runs (runs/*.jsonl)"
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
@@ -511,6 +529,21 @@ def main(argv: list[str] | None = None) -> int:
     cp_rate = len(long_events) / cp_s
     same = [d.as_dict() for d in cp_found] == [d.as_dict() for d in long_found]
 
+    real = real_runs(args.real_corpus)
+    real_rate = real_events = real_passes = 0
+    real_s = 0.0
+    if real:
+        gc.collect()
+        shipped = Engine(DEFAULT_CONFIG)
+        t0 = time.perf_counter()
+        while real_s < args.min_seconds or not real_passes:
+            for events in real:
+                feed_all(shipped, events)
+                real_events += len(events)
+            real_passes += 1
+            real_s = time.perf_counter() - t0
+        real_rate = real_events / real_s
+
     assert short_state is not None
     short_size, long_size = state_size(short_state), state_size(long_state)
     short_trip, long_trip = round_trip_s(short_state), round_trip_s(long_state)
@@ -550,6 +583,18 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ),
     ]
+    if real:
+        ok_real = "ok" if real_rate >= TARGET_EVENTS_S else "BELOW TARGET"
+        rows.append(
+            (
+                f"events/s, {len(real):,} recorded real runs, shipped defaults "
+                f"({real_passes} passes, {real_events:,} events, {real_s:.2f} s)",
+                f"{real_rate:,.0f}",
+                f">= {TARGET_EVENTS_S:,} {ok_real}",
+            )
+        )
+    else:
+        rows.append((f"recorded real runs: none in {args.real_corpus}", "-", "skipped"))
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
     print(

@@ -51,6 +51,7 @@ from django.utils import timezone
 
 from ingest.detection import ACTIONS, Config, Engine, RunState
 from ingest.detection.engine import failed_result, result_digest_of
+from ingest.detection.kinds import DECLARED, kind_resolve
 from ingest.detection.policy import CORRECT, HANDOFF, TERMINATE
 from ingest.ledger import DEFAULT_LEASE_S, operation_claim, operation_key_for
 from ingest.models import Detection, Run, Tenant, ToolCall
@@ -110,6 +111,7 @@ class GuardAnswer:
     decision: str
     run_known: bool
     kind: str
+    kind_from: str = "event"  # event | config | name | result | default (ingest.detection.kinds)
     hint: str = ""
     detections: list[dict[str, Any]] = field(default_factory=list)
     diagnosis: dict[str, Any] | None = None
@@ -122,6 +124,7 @@ class GuardAnswer:
             "decision": self.decision,
             "run_known": self.run_known,
             "kind": self.kind,
+            "kind_from": self.kind_from,
             "hint": self.hint,
             "detections": self.detections,
         }
@@ -150,10 +153,11 @@ def call_check(
     if run is None:
         if require_run:
             raise RunNotKnown(run_id)
-        kind = call.kind or _config(tenant.pk, "unknown", "", "default").tool(call.tool).kind
-        answer = GuardAnswer("allow", run_known=False, kind=kind or "other")
-        _write_ready(call, answer.kind, may_claim)
-        if answer.kind == "write":
+        configured = _config(tenant.pk, "unknown", "", "default").tool(call.tool).kind
+        kind, kind_from = kind_resolve(call.kind, configured, call.tool)
+        answer = GuardAnswer("allow", run_known=False, kind=kind, kind_from=kind_from)
+        if _declared_write(kind, kind_from):
+            _write_ready(call, kind, may_claim)
             _ledger_decide(answer, tenant=tenant, run_id=run_id, call=call)
         return answer
 
@@ -163,10 +167,16 @@ def call_check(
         run_process(run_pk=run.pk)
         run = _run_view(tenant.pk, run_id) or run
     engine = Engine(_config(run.tenant_id, run.backend, run.model, run.task_type))
-    kind = call.kind or engine.config.tool(call.tool).kind or "other"
-    _write_ready(call, kind, may_claim)
     state = _state(run)
-    answer = GuardAnswer("allow", run_known=True, kind=kind)
+    kind, kind_from = kind_resolve(call.kind, engine.config.tool(call.tool).kind, call.tool)
+    if kind_from not in DECLARED and call.tool in state.inferred:
+        kind, kind_from = state.inferred[call.tool], "result"  # its results showed it polls
+    # Only a declared write goes to the ledger (and needs its key): one the name suggests is judged
+    # as a write by detection, but refusing it or claiming it would break runtimes that never said.
+    declared_write = _declared_write(kind, kind_from)
+    if declared_write:
+        _write_ready(call, kind, may_claim)
+    answer = GuardAnswer("allow", run_known=True, kind=kind, kind_from=kind_from)
 
     if run.status == Run.Status.WAITING:
         answer.decision, answer.handoff = "handoff", run.handoff or {}
@@ -177,9 +187,12 @@ def call_check(
 
     sig, cursor = engine.identity(call.tool, call.args)
     record = state.sigs.get(sig)
-    # Two identical successful results in a row at least: only then can a result be reusable.
+    # Two identical successful results in a row at least: only then can a result be reusable. Only
+    # of a tool said to be a read: a result handed back in place of a call the name only suggests
+    # is a read could hide a side effect.
     may_reuse = (
         kind == "read"
+        and kind_from in DECLARED
         and record is not None
         and record.streak >= 2
         and (record.last_digest or "").startswith("ok:")
@@ -191,9 +204,10 @@ def call_check(
         "ts": (call.ts or now).isoformat(),
         "call_id": CHECK_CALL_ID,
         "tool": call.tool,
-        "kind": kind,
         "args": call.args,
     }
+    if call.kind:
+        event["kind"] = call.kind  # as the tool_call event will say; else the engine resolves it
     if call.round is not None:
         event["round"] = call.round
     if call.operation_key:
@@ -216,7 +230,7 @@ def call_check(
         answer.decision = "handoff"
         answer.handoff = _handoff_mark(run, strongest, call, kind, now)
         return answer
-    if kind == "write":
+    if declared_write:
         # The duplicate-write detector's correction says what the ledger knows better.
         _ledger_decide(answer, tenant=tenant, run_id=run_id, call=call)
         return answer
@@ -252,6 +266,10 @@ def _config(tenant_id: int, backend: str, model: str, task_type: str) -> Config:
 
 def config_cache_clear() -> None:
     _configs.clear()
+
+
+def _declared_write(kind: str, kind_from: str) -> bool:
+    return kind == "write" and kind_from in DECLARED
 
 
 def _write_ready(call: ProposedCall, kind: str, may_claim: bool) -> None:

@@ -326,6 +326,13 @@ class Detection(models.Model):
                 ],
                 name="detection_tenant_ts_agent",
             ),
+            # Operators' verdicts per kind (the precision that keeps a kind in shadow): few rows,
+            # read on every detection pass.
+            models.Index(
+                fields=["tenant", "kind", "backend", "model", "task_type", "feedback"],
+                name="detection_verdicts",
+                condition=~Q(feedback=""),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
-from ingest.detection import Config, Thresholds, ToolSpec
-from ingest.models import Event, Run, Tenant, ThresholdSet, ToolConfig
+from ingest.detection import KINDS, Config, Thresholds, ToolSpec
+from ingest.detection.config import MODE_PREFIX
+from ingest.models import Detection, Event, Run, Tenant, ThresholdSet, ToolConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +47,10 @@ def config_for(*, tenant_id: int, backend: str, model: str, task_type: str) -> C
 
 
 def configs_for(*, scopes: set[Scope]) -> dict[Scope, Config]:
-    """config_for of several scopes with two queries for all of them (the detection task resolves
+    """config_for of several scopes with three queries for all of them (the detection task resolves
     the scopes of every run of a pass at once): the rows of the tenants and the shared ones, each
-    scope's picked in memory by threshold_applies."""
+    scope's picked in memory by threshold_applies; the tools; the operators' verdicts per kind
+    (a kind they judged wrong too often goes back to shadow: modes_measured)."""
     tenants = {tenant_id for tenant_id, _, _, _ in scopes}
     backends = {backend for _, backend, _, _ in scopes}
     rows = list(
@@ -59,9 +63,11 @@ def configs_for(*, scopes: set[Scope]) -> dict[Scope, Config]:
     specs = {
         tenant_id: tool_specs([t for t in tools if t.tenant_id in (None, tenant_id)]) for tenant_id in tenants
     }
+    verdicts = verdict_rows(tenant_ids=tenants)
     configs = {}
     for tenant_id, backend, model, task_type in scopes:
         thresholds = Thresholds()
+        explicit: set[str] = set()
         for row in rows:
             if row.tenant_id not in (None, tenant_id):
                 continue
@@ -71,10 +77,132 @@ def configs_for(*, scopes: set[Scope]) -> dict[Scope, Config]:
                 thresholds = thresholds.merged(row.values)
             except (TypeError, ValueError, AttributeError) as exc:  # values not an object, say
                 logger.warning("thresholds %s ignored: %s", row, exc)
+            else:
+                explicit.update(row.values)
+        thresholds, _ = modes_measured(
+            thresholds,
+            explicit=explicit,
+            verdicts=verdicts.get(tenant_id, []),
+            backend=backend,
+            model=model,
+            task_type=task_type,
+        )
         configs[(tenant_id, backend, model, task_type)] = Config(
             thresholds=thresholds, tools=specs[tenant_id]
         )
     return configs
+
+
+# --- operators' verdicts: the measured precision of each kind ------------------------------------
+
+# A kind whose interventions operators called false alarms at least as often as true loops, in a
+# scope, goes back to shadow there (recorded, never acted on) unless a threshold row sets its mode:
+# it stays measured until someone decides it is right.
+PRECISION_FLOOR = 0.5
+MIN_VERDICTS = 10  # fewer verdicts say little either way
+INTERVENTION_ACTIONS = ("correct", "handoff", "terminate")
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    kind: str
+    backend: str
+    model: str
+    task_type: str
+    true_loops: int
+    false_alarms: int
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Operators' verdicts on one kind's interventions (and on what it would have done in shadow)."""
+
+    true_loops: int = 0
+    false_alarms: int = 0
+    scope: str = "global"  # whose verdicts: the most specific scope with enough of them
+
+    @property
+    def total(self) -> int:
+        return self.true_loops + self.false_alarms
+
+    @property
+    def precision(self) -> float | None:
+        return self.true_loops / self.total if self.total else None
+
+    @property
+    def low(self) -> bool:
+        return self.total >= MIN_VERDICTS and (self.precision or 0.0) < PRECISION_FLOOR
+
+
+def verdict_rows(*, tenant_ids: Iterable[int]) -> dict[int, list[VerdictRow]]:
+    """Per tenant, verdict counts per (kind, backend, model, task type): interventions, and shadow
+    detections (stored as observe) that would have been one."""
+    out: dict[int, list[VerdictRow]] = {}
+    counts = (
+        Detection.objects.filter(tenant_id__in=list(tenant_ids))
+        .exclude(feedback="")
+        .filter(Q(action__in=INTERVENTION_ACTIONS) | Q(evidence__has_key="shadow"))
+        .values("tenant_id", "kind", "backend", "model", "task_type")
+        .annotate(
+            true_loops=Count("pk", filter=Q(feedback=Detection.Feedback.TRUE_LOOP)),
+            false_alarms=Count("pk", filter=Q(feedback=Detection.Feedback.FALSE_ALARM)),
+        )
+    )
+    for c in counts:
+        out.setdefault(c["tenant_id"], []).append(
+            VerdictRow(
+                c["kind"], c["backend"], c["model"], c["task_type"], c["true_loops"], c["false_alarms"]
+            )
+        )
+    return out
+
+
+def kind_verdicts(
+    rows: list[VerdictRow], *, kind: str, backend: str = "", model: str = "", task_type: str = ""
+) -> Verdicts:
+    """A kind's verdicts in the most specific scope that has MIN_VERDICTS of them, as thresholds
+    resolve: backend + model, backend, task type, then all of the tenant's."""
+    levels = []
+    if backend and model:
+        levels.append((f"{backend}/{model}", lambda r: r.backend == backend and r.model == model))
+    if backend:
+        levels.append((f"backend {backend}", lambda r: r.backend == backend))
+    if task_type:
+        levels.append((f"task type {task_type}", lambda r: r.task_type == task_type))
+    levels.append(("global", lambda r: True))
+    mine = [r for r in rows if r.kind == kind]
+    for label, match in levels:
+        matched = [r for r in mine if match(r)]
+        found = Verdicts(
+            sum(r.true_loops for r in matched), sum(r.false_alarms for r in matched), scope=label
+        )
+        if found.total >= MIN_VERDICTS:
+            return found
+    return found
+
+
+def modes_measured(
+    thresholds: Thresholds,
+    *,
+    explicit: set[str],
+    verdicts: list[VerdictRow],
+    backend: str,
+    model: str,
+    task_type: str,
+) -> tuple[Thresholds, dict[str, Verdicts]]:
+    """The thresholds with each kind whose measured precision is low put in shadow, unless a row
+    set its mode (`explicit`: the names the applying rows set); and the verdicts that did it."""
+    demoted: dict[str, Verdicts] = {}
+    for kind in KINDS:
+        name = MODE_PREFIX + kind
+        if name in explicit or thresholds.mode(kind) == "shadow":
+            continue
+        found = kind_verdicts(verdicts, kind=kind, backend=backend, model=model, task_type=task_type)
+        if found.low:
+            demoted[name] = found
+    if demoted:
+        thresholds = replace(thresholds, **dict.fromkeys(demoted, "shadow"))
+    return thresholds, demoted
 
 
 def threshold_applies(row: ThresholdSet, *, backend: str, model: str, task_type: str) -> bool:

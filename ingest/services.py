@@ -696,6 +696,7 @@ os.register_at_fork(after_in_child=_publisher_forget)
 
 # --- per-run processing ---------------------------------------------------------------------
 
+SHADOW = "shadow"  # among the actions to publish of a run: its detections of kinds in shadow
 PROCESS_CHUNK = 2000  # events per pass: bounds a task's memory and lock time on a huge backlog
 # A pass of several runs gives each chunk // runs events, but at least this many: fifty runs behind
 # still go 200 events a pass each, not 40.
@@ -976,6 +977,8 @@ def _detect(
             }
         )
         actions = {row.action for row in found if row.action != "observe"}
+        if any(row.action == "observe" and "shadow" in row.evidence for row in found):
+            actions.add(SHADOW)  # what a kind in shadow would have done is an alert too
         if actions:
             spans[run.pk] = (run_events[0][0], run_events[-1][0], actions)
     published = None
@@ -985,7 +988,11 @@ def _detect(
         which = functools.reduce(
             operator.or_,
             (
-                models.Q(run_id=pk, seq__gte=low, seq__lte=high, action__in=sorted(actions))
+                models.Q(run_id=pk, seq__gte=low, seq__lte=high)
+                & (
+                    models.Q(action__in=sorted(actions - {SHADOW}))
+                    | (models.Q(evidence__has_key="shadow") if SHADOW in actions else models.Q(pk__in=[]))
+                )
                 for pk, (low, high, actions) in spans.items()
             ),
         )
@@ -1131,6 +1138,8 @@ def alert_payload(detection: Detection, *, run: Run) -> dict[str, Any]:
         "task_type": detection.task_type,
         "hint": detection.hint,
         "ts": detection.ts.isoformat(),
+        # A kind in shadow: stored as observe, with the action it would have taken.
+        "shadow": str(detection.evidence.get("shadow", "")) if isinstance(detection.evidence, dict) else "",
     }
 
 

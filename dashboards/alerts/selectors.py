@@ -58,7 +58,8 @@ class AlertFilters:
     def q(self) -> Q:
         q = Q()
         if not self.observe:
-            q &= ~Q(action=Detection.Action.OBSERVE)
+            # Interventions, and what a kind in shadow would have done (stored as observe).
+            q &= ~Q(action=Detection.Action.OBSERVE) | Q(evidence__has_key="shadow")
         if self.kind:
             q &= Q(kind=self.kind)
         if self.backend:
@@ -69,7 +70,7 @@ class AlertFilters:
 
     def matches(self, alert: dict[str, Any]) -> bool:
         """The same test as q(), on a published alert payload."""
-        if not self.observe and alert.get("action") == Detection.Action.OBSERVE:
+        if not self.observe and alert.get("action") == Detection.Action.OBSERVE and not alert.get("shadow"):
             return False
         return (
             (not self.kind or alert.get("kind") == self.kind)
@@ -99,6 +100,7 @@ class Alert(TypedDict, total=False):
     model: str
     hint: str
     ts: str
+    shadow: str
     feedback: str
     feedback_note: str
     feedback_by: str

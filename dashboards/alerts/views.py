@@ -28,6 +28,13 @@ from dashboards.alerts.services import CLEAR, NOTE_MAX_CHARS, detection_feedback
 from dashboards.selectors import user_tenants
 from ingest.models import Detection
 
+# A kind in shadow: what it would have done, as the row says it (static/js/alerts.js says the same).
+SHADOW_LABELS = {
+    "correct": "would have corrected",
+    "handoff": "would have handed off",
+    "terminate": "would have terminated",
+}
+
 
 def _bad_request(request: HttpRequest, field: str, detail: str, *, as_json: bool) -> HttpResponse:
     if as_json:
@@ -44,6 +51,7 @@ def _row(alert: Alert, *, tenants: dict[int, str], can_mark: list[int]) -> dict[
         "tenant": tenants.get(alert["tenant_id"], ""),
         "can_mark": alert["tenant_id"] in can_mark,
         "feedback_label": Detection.Feedback(feedback).label if feedback else "",
+        "shadow_label": SHADOW_LABELS.get(alert.get("shadow", ""), ""),
     }
 
 

@@ -10,12 +10,14 @@ from django.core.exceptions import ValidationError
 from dashboards.thresholds.preview import PREVIEW_MAX_RUNS, PREVIEW_RUNS
 from dashboards.thresholds.selectors import DEFAULTS, THRESHOLD_NAMES
 from ingest.detection import ToolSpec
+from ingest.detection.config import MODE_PREFIX, MODES
 from ingest.models import ThresholdSet, ToolConfig
 
 # What differs per model backend (some repeat verbatim after an error, some batch calls in parallel)…
 BACKEND_FIELDS = (
     "count_by_round",
     "repeat_tolerance",
+    "action_repeat_tolerance",
     "oscillation_cycles",
     "perturbation_calls",
     "similarity",
@@ -28,11 +30,14 @@ BACKEND_FIELDS = (
     "announcement_rounds",
     "question_rounds",
     "empty_rounds",
+    "harness_repeats",
     "poll_max_unchanged",
     "poll_max_wall_s",
 )
+# Rollout modes per detection kind (shadow, correct-only, full), in any scope.
+MODE_FIELDS = tuple(n for n in THRESHOLD_NAMES if n.startswith(MODE_PREFIX))
 # … and what differs per task type: budgets and how long a run may go without progress.
-TASK_FIELDS = tuple(n for n in THRESHOLD_NAMES if n not in BACKEND_FIELDS)
+TASK_FIELDS = tuple(n for n in THRESHOLD_NAMES if n not in BACKEND_FIELDS and n not in MODE_FIELDS)
 LABELS = {
     "count_by_round": "count windows by",
     "repeat_tolerance": "repeat tolerance (identical calls before a correction)",
@@ -58,6 +63,9 @@ LABELS = {
     "max_tokens": "budget: tokens",
     "max_cost_usd": "budget: cost (USD)",
     "max_wall_s": "budget: wall clock (s)",
+    "action_repeat_tolerance": "repeat tolerance of actions (writes without a key, other)",
+    "harness_repeats": "same harness message in a row",
+    **{n: f"mode: {n.removeprefix(MODE_PREFIX)}" for n in MODE_FIELDS},
 }
 ARG_NAME = re.compile(r"^[^\s,]+$")
 MAX_VALUE = 2**31 - 1  # as ingest caps integers: larger is a typo, not a budget
@@ -73,6 +81,10 @@ def _threshold_field(name: str) -> forms.Field:
             choices=[("", "inherit"), ("true", "round (a parallel batch is one step)"), ("false", "call")],
             coerce=lambda v: v == "true",
             empty_value=None,
+        )
+    if isinstance(default, str):  # a rollout mode
+        return forms.ChoiceField(
+            label=label, required=False, choices=[("", "inherit"), *((m, m) for m in MODES)]
         )
     if isinstance(default, float):
         return forms.FloatField(label=label, required=False, max_value=MAX_VALUE)
@@ -130,7 +142,8 @@ class ThresholdSetForm(_SettingsForm):
 
     def values(self) -> dict:
         data = self.cleaned_data
-        return {n: data[n] for n in THRESHOLD_NAMES if data.get(n) is not None}
+        # A blank choice (a mode left to inherit) is "", a blank number None: neither is a value.
+        return {n: data[n] for n in THRESHOLD_NAMES if data.get(n) not in (None, "")}
 
     def clean(self):
         data = super().clean()

@@ -8,9 +8,19 @@ from typing import Any
 from django.db.models import F, Q, QuerySet
 
 from dashboards.models import ConfigChange, Membership
-from ingest.detection import Config, Thresholds, ToolSpec
+from ingest.detection import KINDS, Config, Thresholds, ToolSpec
+from ingest.detection.config import MODE_PREFIX
 from ingest.models import Reconciler, Tenant, ThresholdSet, ToolConfig
-from ingest.selectors import threshold_applies, threshold_weight
+from ingest.selectors import (
+    MIN_VERDICTS,
+    VerdictRow,
+    Verdicts,
+    kind_verdicts,
+    modes_measured,
+    threshold_applies,
+    threshold_weight,
+    verdict_rows,
+)
 from ingest.selectors import tool_specs as shared_tool_specs
 
 THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
@@ -61,8 +71,10 @@ def thresholds_resolve(
     model: str,
     task_type: str,
     overrides: dict[int | None, Any] | None = None,
+    verdicts: list[VerdictRow] | None = None,
 ) -> Resolved:
-    """Resolve in memory as config_for does: defaults < shared rows < the tenant's, by scope.
+    """Resolve in memory as config_for does: defaults < shared rows < the tenant's, by scope; with
+    `verdicts` (the tenant's, verdict_rows), a kind operators judged wrong too often in shadow.
 
     `overrides` replaces rows' values by pk (None: the row is left out). Rows whose values are
     invalid are skipped, as the pipeline skips them.
@@ -82,6 +94,20 @@ def thresholds_resolve(
         origin = ("" if row.tenant_id else "shared ") + scope_label(row)
         for name in values:
             sources[name] = origin
+    if verdicts is not None:
+        explicit = {name for name, source in sources.items() if source != "default"}
+        thresholds, demoted = modes_measured(
+            thresholds,
+            explicit=explicit,
+            verdicts=verdicts,
+            backend=backend,
+            model=model,
+            task_type=task_type,
+        )
+        for name, found in demoted.items():
+            sources[name] = (
+                f"measured: precision {found.precision:.2f} over {found.total} verdicts ({found.scope})"
+            )
     return Resolved(thresholds, sources)
 
 
@@ -114,11 +140,53 @@ def config_resolve(
     model: str,
     task_type: str,
     overrides=None,
+    verdicts: list[VerdictRow] | None = None,
 ) -> Config:
     resolved = thresholds_resolve(
-        rows, backend=backend, model=model, task_type=task_type, overrides=overrides
+        rows, backend=backend, model=model, task_type=task_type, overrides=overrides, verdicts=verdicts
     )
     return Config(thresholds=resolved.thresholds, tools=tools)
+
+
+def tenant_verdicts(*, tenant: Tenant) -> list[VerdictRow]:
+    return verdict_rows(tenant_ids=[tenant.pk]).get(tenant.pk, [])
+
+
+@dataclass(frozen=True)
+class KindMode:
+    """One detection kind on the threshold page: its mode in the scope, and how right it has been."""
+
+    kind: str
+    mode: str
+    source: str  # where the mode comes from: default, a row, or the measured precision
+    default: str
+    verdicts: Verdicts
+
+    @property
+    def suggestion(self) -> str:
+        v = self.verdicts
+        if v.total < MIN_VERDICTS:
+            return f"fewer than {MIN_VERDICTS} verdicts: not enough to judge"
+        if v.low:
+            return "precision low: keep in shadow until it is fixed"
+        if self.mode == "shadow":
+            return "precision good: ready for correct-only"
+        return ""
+
+
+def kind_modes(
+    resolved: Resolved, verdicts: list[VerdictRow], *, backend: str, model: str, task_type: str
+) -> list[KindMode]:
+    return [
+        KindMode(
+            kind=kind,
+            mode=resolved.thresholds.mode(kind),
+            source=resolved.sources.get(MODE_PREFIX + kind, "default"),
+            default=DEFAULTS.mode(kind),
+            verdicts=kind_verdicts(verdicts, kind=kind, backend=backend, model=model, task_type=task_type),
+        )
+        for kind in KINDS
+    ]
 
 
 def reconcilers_by_tool(*, names: list[str]) -> dict[str, Reconciler]:

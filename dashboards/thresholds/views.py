@@ -17,6 +17,7 @@ from dashboards.models import Membership
 from dashboards.thresholds.forms import (
     BACKEND_FIELDS,
     LABELS,
+    MODE_FIELDS,
     TASK_FIELDS,
     ThresholdSetForm,
     ToolConfigForm,
@@ -27,9 +28,11 @@ from dashboards.thresholds.selectors import (
     DEFAULTS,
     config_changes,
     config_resolve,
+    kind_modes,
     reconcilers_by_tool,
     scope_label,
     tenant_for_user,
+    tenant_verdicts,
     threshold_rows,
     thresholds_resolve,
     tool_rows,
@@ -43,6 +46,7 @@ from dashboards.thresholds.services import (
     tool_config_save,
 )
 from ingest.models import Run, ThresholdSet, ToolConfig
+from ingest.selectors import MIN_VERDICTS, PRECISION_FLOOR
 
 ADMIN = Membership.Role.ADMIN
 HISTORY_ON_INDEX = 15
@@ -105,7 +109,8 @@ def tenant_index(request, slug: str):
     tenant, role = _tenant(request, slug)
     rows = threshold_rows(tenant=tenant)
     backend, model, task_type = _scope(request.GET)
-    resolved = thresholds_resolve(rows, backend=backend, model=model, task_type=task_type)
+    verdicts = tenant_verdicts(tenant=tenant)
+    resolved = thresholds_resolve(rows, backend=backend, model=model, task_type=task_type, verdicts=verdicts)
     effective = [
         {
             "name": name,
@@ -132,6 +137,9 @@ def tenant_index(request, slug: str):
             "scope_label": scope_label(backend=backend, model=model, task_type=task_type),
             "scope_choices": _scope_choices(tenant),
             "effective": effective,
+            "modes": kind_modes(resolved, verdicts, backend=backend, model=model, task_type=task_type),
+            "min_verdicts": MIN_VERDICTS,
+            "precision_floor": PRECISION_FLOOR,
             "tools": [{"row": t, "overridden": t.tenant_id is None and t.name in overridden} for t in tools],
             "reconcilers": reconcilers_by_tool(names=[t.name for t in tools]),
             "changes": _changes(tenant, HISTORY_ON_INDEX),
@@ -153,6 +161,7 @@ def _threshold_preview(
     if model:
         runs = runs.filter(model=model)
     tools = tool_specs(tool_rows(tenant=tenant))
+    verdicts = tenant_verdicts(tenant=tenant)  # the preview resolves modes as the pipeline does
     if row is None:
         proposed_rows = [
             *rows,
@@ -173,6 +182,7 @@ def _threshold_preview(
                 model=run.model,
                 task_type=run.task_type,
                 overrides=overrides if which == "new" else None,
+                verdicts=verdicts,
             )
         return cache[key]
 
@@ -261,10 +271,11 @@ def threshold_edit(request, slug: str, pk: int | None = None):
         model=scope[1],
         task_type=scope[2],
         overrides={row.pk: None} if row else None,
+        verdicts=tenant_verdicts(tenant=tenant),
     )
     hints = {
         name: {"value": getattr(inherited.thresholds, name), "source": inherited.sources[name]}
-        for name in (*BACKEND_FIELDS, *TASK_FIELDS)
+        for name in (*BACKEND_FIELDS, *TASK_FIELDS, *MODE_FIELDS)
     }
     return render(
         request,
@@ -282,6 +293,12 @@ def threshold_edit(request, slug: str, pk: int | None = None):
                 for title, help_text, names in (
                     ("Per backend and model", "how calls repeat and how windows count", BACKEND_FIELDS),
                     ("Per task type", "budgets and no-progress K", TASK_FIELDS),
+                    (
+                        "Rollout modes",
+                        "per detection kind: shadow records what it would have done, correct-only "
+                        "gives hints but never hands off or stops, full escalates",
+                        MODE_FIELDS,
+                    ),
                 )
             ],
             "scope_label": scope_label(backend=scope[0], model=scope[1], task_type=scope[2]),
@@ -302,13 +319,14 @@ def _tool_preview(tenant, row, form: ToolConfigForm) -> Preview:
     runs = Run.objects.filter(
         tenant=tenant, pk__in=Run.objects.filter(tenant=tenant, calls__tool=name).values("pk")
     )
+    verdicts = tenant_verdicts(tenant=tenant)
     cache: dict[tuple, Any] = {}
 
     def resolve(tools, run: Run):
         key = (id(tools), run.backend, run.model, run.task_type)
         if key not in cache:
             cache[key] = config_resolve(
-                rows, tools, backend=run.backend, model=run.model, task_type=run.task_type
+                rows, tools, backend=run.backend, model=run.model, task_type=run.task_type, verdicts=verdicts
             )
         return cache[key]
 

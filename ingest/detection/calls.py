@@ -17,22 +17,33 @@ def detect_on_call(t: Thresholds, state: RunState, call: Call, ts: float | None)
     """Before the call runs: is it a write already done, or a read repeating itself?"""
     rec = state.sigs.get(call.sig)
     if rec is None:
-        rec = SigRecord(first_call=call.index)
+        rec = SigRecord(first_call=call.index, world=call.world)
+        call.fresh = True
+    else:
+        # Sent in the same round as the previous identical call and before that one's result came
+        # (a parallel batch: the model saw neither result): not a reaction to it, so not a repeat.
+        # Rounds alone do not say it: a runtime that numbers no rounds sends everything in one.
+        call.reaction = not (rec.last_round == call.round and rec.answered_call < rec.last_call)
     call.adjacent = rec.last_call == call.index - 1 or (t.count_by_round and rec.last_round == call.round)
     rec.last_call = call.index
     rec.last_round = call.round
     remember(state.sigs, call.sig, rec, MAX_SIGS)
-    if call.kind == "write":
-        return _duplicate_write(t, state, call)
-    if call.kind == "poll" or rec.last_digest is None or rec.streak < 1:
+    if call.kind == "write" and call.write_key:
+        return _duplicate_write(t, state, call)  # keyed: the key says whether it is the same write
+    if call.kind == "poll" or rec.last_digest is None or rec.streak < 1 or not call.reaction:
         return []
+    if rec.world != call.world:
+        return []  # the world changed since: asking again is a new question
     return _repeat(t, state, call, rec)
 
 
 def _repeat(t: Thresholds, state: RunState, call: Call, rec: SigRecord) -> list[Detection]:
     occurrence = rec.streak + 1  # if its result is the same again
-    period, cycles, members = _periodic_suffix(state.recent)
+    recent = [c for c in state.recent if c.world == call.world]  # cycles within this stretch
+    period, cycles, members = _periodic_suffix(recent)
     if period >= 2 and call.sig in members:
+        if any(c.kind == "poll" for c in recent[-period:]):
+            return []  # polling between other calls: the poll budget's business
         if not all(state.sigs[s].streak >= cycles - 1 for s in members if s in state.sigs):
             return []
         kind, count, level = "oscillation", cycles, level_for(cycles, t.oscillation_cycles, t.escalate_every)
@@ -42,19 +53,22 @@ def _repeat(t: Thresholds, state: RunState, call: Call, rec: SigRecord) -> list[
     else:
         adjacent = rec.adjacent and call.adjacent
         kind = "exact_repeat" if adjacent else "interval_loop"
-        count, level = occurrence, level_for(occurrence, t.repeat_tolerance, t.escalate_every)
+        # A read's answer is its result: the same again is waste. A call that acts may be re-sent
+        # because its effect could not be confirmed, so it gets one more.
+        tolerance = t.repeat_tolerance if call.kind == "read" else t.action_repeat_tolerance
+        count, level = occurrence, level_for(occurrence, tolerance, t.escalate_every)
         targets = [rec]
     if level <= rec.fired:
         return []
     for target in targets:
         target.fired = max(target.fired, level)
     if kind == "oscillation":
-        tools = " → ".join(c.tool for c in state.recent[-period:])
+        tools = " → ".join(c.tool for c in recent[-period:])
         hint = (
             f"You are alternating {tools} and the results have not changed for {cycles} cycles. "
             "Stop alternating: use what you have, try a different approach, or finish."
         )
-        evidence = {"period": period, "cycles": cycles, "sequence": [c.tool for c in state.recent[-period:]]}
+        evidence = {"period": period, "cycles": cycles, "sequence": [c.tool for c in recent[-period:]]}
     elif kind == "exact_repeat":
         hint = (
             f"You have called {call.tool} {count} times with identical arguments {short(call.args)} and the "
@@ -113,8 +127,12 @@ def note_result(
     """
     rec = state.sigs.get(call.sig)
     if rec is None:
-        rec = SigRecord(first_call=call.index, last_call=call.index, last_round=call.round)
+        rec = SigRecord(first_call=call.index, last_call=call.index, last_round=call.round, world=call.world)
         remember(state.sigs, call.sig, rec, MAX_SIGS)
+    rec.answered_call = max(rec.answered_call, call.index)
+    if rec.world != call.world:
+        # The first answer since the world changed (a user's turn, a write): a new question.
+        rec.streak, rec.last_digest, rec.fired, rec.world = 0, None, 0, call.world
     unchanged = rec.last_digest == call.digest
     # The next call of this tool is a retry when this one failed.
     state.retry_tool = call.tool if failed else ""
@@ -124,6 +142,8 @@ def note_result(
     if failed:
         rec.streak, rec.last_digest, rec.fired = 0, None, 0
         return False, []
+    if unchanged and not call.reaction:
+        return False, []  # the same answer to a call sent before the first answer came
     if unchanged:
         rec.streak += 1
         rec.adjacent = rec.adjacent and call.adjacent
@@ -186,6 +206,8 @@ def detect_perturbation(t: Thresholds, state: RunState, call: Call) -> list[Dete
             continue
         if entry.sig == call.sig and entry.cursor == call.cursor:
             continue  # identical: the repeat detector's business
+        if entry.world != call.world:
+            break  # asked before the world changed: this one is a new question
         same_target = bool(targets(call.args)) and targets(entry.args) == targets(call.args)
         if similar(entry.args, call.args, t.similarity) or (same_target and entry.digest == call.digest):
             # Nearly the same request, or the same thing asked about in other words (status "open",

@@ -19,6 +19,10 @@ BUDGET_TYPES = (
 )
 NON_RETRYABLE = ("invalid_argument", "permission", "not_found", "empty_result", "parse_error")
 RETRYABLE = ("transient", "rate_limited")
+# Rollout modes of a detection kind: `shadow` records what it would have done (stored as observe,
+# never acted on), `correct-only` gives hints but never hands off or terminates, `full` escalates.
+MODES = ("shadow", "correct-only", "full")
+MODE_PREFIX = "mode_"
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,9 @@ class Thresholds:
 
     # Identical read with an unchanged result: observe the 2nd (may be a retry), correct the 3rd.
     repeat_tolerance: int = 3
+    # The same for a call that acts (write without an idempotency key, other): a runtime re-sends an
+    # action it cannot confirm, and three identical sends that then stop are common in real runs.
+    action_repeat_tolerance: int = 4
     # Occurrences of a problem after its first correction before the next step up (handoff, terminate).
     escalate_every: int = 2
     # A->B->A->B: full cycles of unchanged results before a correction.
@@ -37,8 +44,9 @@ class Thresholds:
     similarity: float = 0.85
     # Identical failures of a non-retryable class before a correction (the issue: the 2nd).
     error_repeats: int = 2
-    # Retries a transient/rate-limited failure gets before a correction naming backoff.
-    transient_retries: int = 2
+    # Retries a transient/rate-limited failure gets before a correction naming backoff (one try
+    # and three retries, as common retry policies do).
+    transient_retries: int = 3
     # Failures of class `other`: unknown, so one more than the non-retryable ones.
     other_error_repeats: int = 3
     # Steps (calls, or rounds when counting by round) in a row without progress.
@@ -46,14 +54,18 @@ class Thresholds:
     # A poll repeating one signature without any change in its result: count and wall-clock budget.
     poll_max_unchanged: int = 15
     poll_max_wall_s: float = 900.0
-    # The same question to the user again (similarity 0..1), and repeated announcements without action.
+    # The same request to the user again after they answered it (similarity 0..1); the same text
+    # again while the user brings nothing new.
     text_similarity: float = 0.85
     monologue_repeats: int = 2
-    # Announcements ("let me…", "I will…") in a row without a tool call, worded differently.
+    # Announcements ("let me…", "I will…") in a row without a tool call or news from the user.
     announcement_rounds: int = 3
-    # Questions to the user in a row, each answered, about the same thing, without a tool call.
+    # Requests to the user in a row that the user answers only by repeating themselves.
     question_rounds: int = 3
     empty_rounds: int = 3
+    # The same message from the harness (not the user: "No tool calls found…") in a row: the model's
+    # replies keep being rejected for the same reason.
+    harness_repeats: int = 5
     # Calls for one goal (tool + core arguments, cursors left out) in one run.
     max_goal_calls: int = 60
     # Windows: parallel calls of one round count as one step when true (some backends batch).
@@ -66,6 +78,24 @@ class Thresholds:
     max_tokens: int = 5_000_000
     max_cost_usd: float = 25.0
     max_wall_s: float = 6 * 3600.0
+    # Rollout mode per detection kind (see MODES). Kinds whose interventions were wrong too often on
+    # recorded real runs start in shadow: they are measured (operators' verdicts) before they act.
+    mode_exact_repeat: str = "full"
+    mode_oscillation: str = "full"
+    mode_interval_loop: str = "full"
+    mode_perturbation: str = "full"
+    mode_repeated_error: str = "full"
+    mode_clarification: str = "full"
+    mode_monologue: str = "full"
+    mode_empty_responses: str = "full"
+    mode_no_progress: str = "full"
+    mode_poll_budget: str = "full"
+    mode_duplicate_write: str = "full"
+    mode_budget: str = "full"
+
+    def mode(self, kind: str) -> str:
+        """The rollout mode of a detection kind; a kind without its own field is in shadow."""
+        return getattr(self, MODE_PREFIX + kind, "shadow")
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -75,14 +105,19 @@ class Thresholds:
     def problems(self) -> list[str]:
         """What is wrong with these values, as `field: reason`."""
         out = []
-        if self.repeat_tolerance < 2:
-            out.append("repeat_tolerance: must be at least 2 (the 2nd identical call may be a retry)")
+        for name in ("repeat_tolerance", "action_repeat_tolerance"):
+            if getattr(self, name) < 2:
+                out.append(f"{name}: must be at least 2 (the 2nd identical call may be a retry)")
+        for f in fields(self):
+            if f.name.startswith(MODE_PREFIX) and getattr(self, f.name) not in MODES:
+                out.append(f"{f.name}: must be one of {', '.join(MODES)}")
         for name in (
             "escalate_every",
             "oscillation_cycles",
             "perturbation_calls",
             "error_repeats",
             "empty_rounds",
+            "harness_repeats",
         ):
             if getattr(self, name) < 1:
                 out.append(f"{name}: must be at least 1")
@@ -122,6 +157,8 @@ class Thresholds:
                 value = float(value)
             elif wanted is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name}: must be an integer")
+            elif wanted is str and value not in MODES:
+                raise ValueError(f"{name}: must be one of {', '.join(MODES)}")
             clean[name] = value
         return replace(self, **clean)
 
@@ -130,7 +167,8 @@ class Thresholds:
 class ToolSpec:
     """What the engine knows of one tool; every field optional."""
 
-    kind: str = ""  # read | write | poll | other: used when the tool_call does not say
+    # read | write | poll | other: used when the tool_call does not say; "": inferred (kinds.py)
+    kind: str = ""
     core_args: tuple[str, ...] = ()  # the arguments that say what is asked; empty: all of them
     noise_args: tuple[str, ...] = ()  # dropped from the signature, beyond the usual noise
     cursor_args: tuple[str, ...] = ()  # beyond the usual page/offset/cursor/start/after/since

@@ -12,10 +12,11 @@ JSON so that another worker can go on where this one stopped.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from ingest.detection import calls, errors, text
+from ingest.detection import calls, errors, kinds, text
 from ingest.detection.budgets import check_budgets, run_budgets
 from ingest.detection.config import DEFAULT_CONFIG, Config
 from ingest.detection.normalize import (
@@ -26,7 +27,16 @@ from ingest.detection.normalize import (
     split_cursor,
 )
 from ingest.detection.policy import CORRECT, TERMINATE, Detection, action_name, level_for
-from ingest.detection.state import MAX_FACTS, MAX_GOALS, MAX_PENDING, RECENT_CALLS, Call, RunState, remember
+from ingest.detection.state import (
+    MAX_FACTS,
+    MAX_GOALS,
+    MAX_INFERRED,
+    MAX_PENDING,
+    RECENT_CALLS,
+    Call,
+    RunState,
+    remember,
+)
 
 
 def parse_ts(value: Any) -> float | None:
@@ -60,9 +70,12 @@ class Engine:
         state.events += 1
         ts = parse_ts(event.get("ts"))
         if ts is not None:
-            if state.start_ts is None or ts < state.start_ts:
+            # The run's clock starts with its first event and only moves forward: an event (or a
+            # guard check) stamped before the start, by a skewed or replaying caller, does not
+            # stretch the run back in time and so cannot exhaust its wall-clock budget.
+            if state.start_ts is None:
                 state.start_ts = ts
-            state.last_ts = ts if state.last_ts is None else max(state.last_ts, ts)
+            state.last_ts = max(ts, state.start_ts) if state.last_ts is None else max(state.last_ts, ts)
         kind = event.get("type")
         found: list[Detection] = []
         if kind == "run_started":
@@ -74,9 +87,14 @@ class Engine:
         elif kind == "tool_result":
             found += self._tool_result(state, event, ts)
         elif kind == "user_message":
-            state.user_messages += 1
-            text.note_user_message(state)
-            self._progress(state)
+            from_user, news, fired = text.user_message(self.t, state, event)
+            found += fired
+            if from_user:
+                # What the agent reads or retries after a user's turn answers a new question (the
+                # user may have asked for it); only news is progress.
+                state.world += 1
+                if news:
+                    self._progress(state)
         elif kind == "run_finished":
             pass
         if not state.budgets:
@@ -105,7 +123,9 @@ class Engine:
         state.round = max(state.round, number)
         name = str(event.get("tool", ""))
         spec = self.config.tool(name)
-        kind = event.get("kind") or spec.kind or "other"
+        kind, kind_from = kinds.kind_resolve(event.get("kind"), spec.kind, name)
+        if kind_from not in kinds.DECLARED and name in state.inferred:
+            kind, kind_from = state.inferred[name], "result"
         args = event.get("args") if isinstance(event.get("args"), dict) else {}
         clean, rest, cursor = self._normalise(name, args)
         core = {k: v for k, v in rest.items() if k in spec.core_args} if spec.core_args else rest
@@ -127,6 +147,8 @@ class Engine:
             if kind == "write"
             else "",
             step=state.step,
+            kind_from=kind_from,
+            world=state.world,
         )
         stack = state.pending.setdefault(str(event.get("call_id", "")), [])
         stack.append(call)
@@ -143,7 +165,7 @@ class Engine:
         text.note_tool_call(state)
         found = calls.detect_on_call(self.t, state, call, ts)
         found += calls.detect_goal_budget(self.t, state, call, goals)
-        return found
+        return kinds.with_kind(found, call)
 
     def _normalise(self, name: str, args: dict[str, Any]) -> tuple[dict, dict, dict]:
         """(canonical arguments, those without the cursor, the cursor) of a call of `name`."""
@@ -175,6 +197,8 @@ class Engine:
         for fact in facts:
             remember(state.facts, fact, None, MAX_FACTS)
         call.digest = f"{status}:{error_class}:{result_digest}"
+        if not failed and call.kind_from not in kinds.DECLARED:
+            self._kind_from_result(state, call, result)
         # A new id, path or url looked at, answered with something other than the previous answer, is
         # news about that thing even when the same content was seen elsewhere (identical folders).
         named = calls.targets(call.args)
@@ -187,7 +211,17 @@ class Engine:
         for entry in state.recent:
             if entry.index == call.index:
                 entry.digest, entry.new_info = call.digest, call.new_info
+                entry.kind, entry.kind_from = call.kind, call.kind_from
         record_progress, found = calls.note_result(self.t, state, call, ts, failed)
+        if failed and call.fresh:
+            state.tried = True  # something new was tried (an answer the user gave, say) and failed
+        rec = state.sigs.get(call.sig)
+        if call.kind == "write" and not failed and rec is not None and rec.streak == 1:
+            # A write that did something (its first answer, or another than last time) changes the
+            # world; the same write answered the same way did nothing new.
+            state.world += 1
+            rec.world = state.world
+            state.stalled, state.stalled_fired = 0, 0  # the task moved on: earlier requests are done
         found += errors.detect_repeated_error(self.t, state, call, status, error_class, result_digest, failed)
         if not failed:
             found += calls.detect_perturbation(self.t, state, call)
@@ -202,7 +236,21 @@ class Engine:
             self._progress(state)
         elif record_progress is not None or call.kind != "poll":
             found += self._no_progress(state, call)
-        return found
+        return kinds.with_kind(found, call)
+
+    def _kind_from_result(self, state: RunState, call: Call, result: Any) -> None:
+        """An undeclared read or other whose result says "still working", or whose status changed
+        between identical calls, is a poll: from now on for this tool."""
+        status = kinds.status_of(result)
+        rec = state.sigs.get(call.sig)
+        previous = rec.status if rec is not None else ""
+        if rec is not None:
+            rec.status = status
+        if call.kind not in ("read", "other") or not status:
+            return
+        if kinds.pending(status) or (previous and previous != status and rec and rec.last_digest):
+            call.kind, call.kind_from = "poll", "result"
+            remember(state.inferred, call.tool, "poll", MAX_INFERRED)
 
     # --- progress ---------------------------------------------------------------------------
 
@@ -245,11 +293,13 @@ class Engine:
     # --- policy -------------------------------------------------------------------------------
 
     def _admit(self, state: RunState, found: list[Detection]) -> list[Detection]:
-        """Nothing more after the run was terminated; remember the strongest action and the end."""
+        """Apply each kind's rollout mode; nothing more after the run was terminated; remember the
+        strongest action and the end."""
         admitted = []
         for detection in found:
             if state.max_action >= TERMINATE:
                 break
+            detection = self._mode(detection)
             admitted.append(detection)
             state.max_action = max(state.max_action, detection.level)
             if detection.action == "terminate" and not state.terminated_by:
@@ -258,6 +308,22 @@ class Engine:
                     detection.evidence.get("budget_type", "") if detection.kind == "budget" else ""
                 )
         return admitted
+
+    def _mode(self, detection: Detection) -> Detection:
+        """shadow: recorded as observe with the action it would have taken; correct-only: never
+        more than a correction. The detectors' own escalation is unchanged (it is what full would do)."""
+        if detection.level < CORRECT:
+            return detection
+        mode = self.t.mode(detection.kind)
+        if mode == "shadow":
+            return replace(
+                detection, action="observe", evidence={**detection.evidence, "shadow": detection.action}
+            )
+        if mode == "correct-only" and detection.level > CORRECT:
+            return replace(
+                detection, action="correct", evidence={**detection.evidence, "capped": detection.action}
+            )
+        return detection
 
 
 def replay_run(

@@ -34,21 +34,31 @@ def detect_repeated_error(
         return []  # an UNKNOWN write: the duplicate-write detector and the ledger own it
     klass = error_class or ("transient" if status == "timeout" else "other")
     previous = state.errors.get(call.sig)
-    if previous and previous[0] == klass and previous[1] == result_digest:
-        count, fired = previous[2] + 1, previous[3]
+    same = bool(previous) and previous[0] == klass and previous[1] == result_digest
+    step = 1 if call.reaction else 0  # sent before the failure was seen: not a retry of it
+    # `count`: the same failure in a row since the world last changed — after a user's turn the
+    # retry may be what the user asked for (or the cause changed). `stubborn`: in a row whatever
+    # came between, with one retry more: the user saying "try again" does not make it work.
+    if same and len(previous) > 5 and previous[4] == call.world:
+        count, fired = previous[2] + step, previous[3]
     else:
-        count, fired = 1, 0
+        count, fired = 1, 0 if not same else previous[3]
+    stubborn = previous[5] + step if same and len(previous) > 5 else 1
     if klass in NON_RETRYABLE_SET:
         first = t.error_repeats
     elif klass in RETRYABLE:
         first = t.transient_retries + 1
     else:
         first = t.other_error_repeats
-    level = level_for(count, first, t.escalate_every)
+    level = max(level_for(count, first, t.escalate_every), level_for(stubborn, first + 1, t.escalate_every))
     emit = level >= CORRECT and level > fired
     remember(
-        state.errors, call.sig, [klass, result_digest, count, max(fired, level if emit else fired)], MAX_SIGS
+        state.errors,
+        call.sig,
+        [klass, result_digest, count, max(fired, level if emit else fired), call.world, stubborn],
+        MAX_SIGS,
     )
+    count = max(count, stubborn)
     if not emit:
         return []
     if klass in RETRYABLE:

@@ -15,7 +15,10 @@ MAX_PENDING = 256  # calls waiting for their result
 MAX_GOALS = 512
 RECENT_CALLS = 12  # for periodicity (oscillation) and near-duplicates (perturbation)
 MAX_QUESTIONS = 10
-STATE_VERSION = 1
+USER_MEMORY = 6  # the user's recent turns, to tell news from the user repeating themselves
+TEXT_MEMORY = 3  # the model's recent texts since its last tool call, to tell it restating itself
+MAX_INFERRED = 256  # tools whose kind their results revealed
+STATE_VERSION = 2
 
 
 @dataclass
@@ -36,6 +39,10 @@ class Call:
     new_info: bool | None = None
     cluster: int = 1  # near-identical calls in a row that brought nothing new (perturbation)
     adjacent: bool = False  # directly after the previous call with the same signature
+    kind_from: str = "event"  # event | config | name | result | default (kinds.py)
+    world: int = 0  # RunState.world when it was sent
+    reaction: bool = True  # sent after the previous identical call's result had come
+    fresh: bool = False  # the first call with its signature in the run
 
 
 @dataclass
@@ -53,6 +60,9 @@ class SigRecord:
     cursors: list[str] = field(default_factory=list)  # cursor digests seen (advancing = new)
     polls_unchanged: int = 0
     poll_since_ts: float = 0.0
+    world: int = 0  # the stretch of the run (RunState.world) its streak belongs to
+    status: str = ""  # the status field of its last result (kinds.status_of)
+    answered_call: int = 0  # the index of the last call of it whose result came
 
 
 @dataclass
@@ -83,24 +93,39 @@ class RunState:
     pending: dict[str, list[Call]] = field(default_factory=dict)
     recent: list[Call] = field(default_factory=list)
     facts: dict[str, None] = field(default_factory=dict)
-    errors: dict[str, list] = field(default_factory=dict)  # sig -> [class, digest, count, fired]
+    errors: dict[str, list] = field(
+        default_factory=dict
+    )  # sig -> [class, digest, count, fired, world, stubborn]
     writes: dict[str, str] = field(default_factory=dict)  # write key -> last status
     write_attempts: dict[str, int] = field(default_factory=dict)
     perturbed: dict[str, int] = field(default_factory=dict)  # goal -> level fired
     goals: dict[str, int] = field(default_factory=dict)
-    questions: list[list] = field(default_factory=list)  # [text key, round, answered_since, asks, fired]
-    question_streak: list[str] = field(default_factory=list)  # questions since the last tool call
-    question_fired: int = 0
-    announcements: int = 0  # announcement rounds since the last tool call
-    announcement_fired: int = 0
-    targets: dict[str, None] = field(default_factory=dict)  # ids, paths, urls already looked at
-    last_result: str = ""  # digest of the previous call's result
+    # What the user said: requests to the user, [text key, asks, answered since the last ask, fired].
+    questions: list[list] = field(default_factory=list)
+    user_keys: list[str] = field(default_factory=list)  # the user's last turns (text keys)
+    user_ids: list[str] = field(default_factory=list)  # numbers, codes, e-mails the user gave
     user_messages: int = 0
-    last_text: str = ""
-    last_text_round: int = 0
-    last_text_calls: int = 0  # calls seen when that text was said
+    # The world changes when the user takes a turn or a write changes something: what the agent reads
+    # (or retries) after it asks a new question. Counts repeat within one stretch of it.
+    world: int = 0
+    news_since_text: bool = False  # the user brought news since the model last spoke
+    texts: list[str] = field(default_factory=list)  # the model's texts since its last tool call
     monologue: int = 0
     monologue_fired: int = 0
+    monologue_replied: bool = False  # the user replied (with nothing new) during the restating
+    replied: bool = False  # the user took a turn since the model last spoke
+    announcements: int = 0  # announcement rounds since the last tool call or news
+    announcement_fired: int = 0
+    stalled: int = 0  # requests to the user answered only by the user repeating themselves
+    stalled_fired: int = 0
+    asked: bool = False  # the model's last text asked the user for something
+    tried: bool = False  # a call never made before failed since the model last asked the user
+    # Tool calls written in the text since the last real call: digest -> [times, fired].
+    printed: dict[str, list] = field(default_factory=dict)
+    harness: list = field(default_factory=lambda: ["", 0, 0])  # [message key, in a row, fired]
+    inferred: dict[str, str] = field(default_factory=dict)  # tool -> kind its results revealed
+    targets: dict[str, None] = field(default_factory=dict)  # ids, paths, urls already looked at
+    last_result: str = ""  # digest of the previous call's result
     empty_rounds: int = 0
     empty_fired: int = 0
     round_calls: int = 0
@@ -115,6 +140,8 @@ class RunState:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunState:
+        if data.get("version") == 1:
+            data = _upgrade_v1(data)
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"state version {data.get('version')!r}, expected {STATE_VERSION}")
         state = cls(**{k: v for k, v in data.items() if k not in ("sigs", "pending", "recent")})
@@ -122,6 +149,17 @@ class RunState:
         state.pending = {k: [Call(**c) for c in v] for k, v in data["pending"].items()}
         state.recent = [Call(**c) for c in data["recent"]]
         return state
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 state (saved before the conversation was tracked) as version 2: the runs in
+    flight when loopwatch is upgraded go on where they were, with the new memory empty."""
+    known = {f.name for f in fields(RunState)}
+    out = {k: v for k, v in data.items() if k in known}
+    # [key, round, answered, asks, fired] -> [key, asks, answered, fired]
+    out["questions"] = [[q[0], q[3], q[2], q[4]] for q in data.get("questions", []) if len(q) == 5]
+    out["version"] = STATE_VERSION
+    return out
 
 
 def remember(mapping: dict, key: str, value: Any, cap: int) -> None:

@@ -808,8 +808,12 @@ def _tool_events(
         # when a provider reuses ids within a parallel batch; the provider's id is kept beside it.
         "call_id": span.span_id,
         "tool": plan.tool,
-        "kind": kind or tool_kinds.get(plan.tool) or "other",
     }
+    # The span's own word, else the registry's; else none: detection infers it (a status poll
+    # nobody declared must not be judged as a call repeating itself).
+    kind = kind or tool_kinds.get(plan.tool)
+    if kind:
+        call["kind"] = kind
     args, _source = tool_args(span)
     if args is None:
         call["args"] = {}

@@ -133,8 +133,9 @@ def _store(tenant: Tenant, built: Built, max_event_bytes: int) -> dict[int, dict
 
 
 def tool_kinds(*, tenant: Tenant, names: set[str]) -> dict[str, str]:
-    """Tool name to kind from the registry: the tenant's row replaces the shared one; a blank kind
-    (and an unknown tool) is `other`, as config_for resolves it for detection."""
+    """Tool name to kind from the registry: the tenant's row replaces the shared one. A blank kind
+    (and an unknown tool) is left out: detection infers it from the name and results, as it does
+    for a tool_call without a kind (ingest.detection.kinds)."""
     if not names:
         return {}
     kinds: dict[str, str] = {}
@@ -144,5 +145,8 @@ def tool_kinds(*, tenant: Tenant, names: set[str]) -> dict[str, str]:
         .values_list("name", "kind")
     )
     for name, kind in rows:
-        kinds[name] = kind or "other"
+        if kind:
+            kinds[name] = kind
+        else:
+            kinds.pop(name, None)  # the tenant's blank row replaces a shared kind too
     return kinds

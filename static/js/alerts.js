@@ -12,6 +12,12 @@
   const CLOSE_UNAUTHENTICATED = 4401;
   const CLOSE_TOO_MANY = 4429; // this user has too many alerts pages open
   const LABELS = { true_loop: "true loop", false_alarm: "false alarm" };
+  // A kind in shadow: stored as observe, saying what it would have done (as the row template does).
+  const SHADOW = {
+    correct: "would have corrected",
+    handoff: "would have handed off",
+    terminate: "would have terminated",
+  };
 
   const config = JSON.parse(document.getElementById("alerts-config").textContent);
   const body = document.getElementById("alerts");
@@ -60,8 +66,8 @@
     row.className = `alert act-${alert.action} fresh`;
     const time = fill(row, "ts", alert.ts.slice(0, 19).replace("T", " "));
     time.setAttribute("datetime", alert.ts);
-    const action = fill(row, "action", alert.action);
-    action.className = `pill act-${alert.action}`;
+    const action = fill(row, "action", alert.shadow ? SHADOW[alert.shadow] || alert.shadow : alert.action);
+    action.className = `pill act-${alert.action}${alert.shadow ? " shadow" : ""}`;
     fill(row, "kind", alert.kind);
     const run = fill(row, "run", alert.run_id);
     run.href = `${config.runs_url}${alert.run}/?seq=${alert.seq}#det-${alert.id}`;

@@ -537,3 +537,24 @@ async def test_a_socket_is_closed_when_its_session_expires(tenant, monkeypatch):
     closed = await ws.receive_output(timeout=5)
     assert (closed["type"], closed["code"]) == ("websocket.close", 4401)
     await ws.disconnect()
+
+
+@pytest.mark.django_db
+def test_a_kind_in_shadow_is_listed_as_what_it_would_have_done(
+    client, tenant, django_capture_on_commit_callbacks
+):
+    from ingest.models import ThresholdSet
+
+    ThresholdSet.objects.create(tenant=tenant, values={"mode_exact_repeat": "shadow"})
+    with django_capture_on_commit_callbacks(execute=True):
+        _ingest(tenant, _loop("shadowed-1"))
+    shadowed = Detection.objects.get(tenant=tenant, evidence__has_key="shadow")
+    plain = Detection.objects.exclude(pk=shadowed.pk).get(tenant=tenant, action="observe")
+    client.force_login(_user(tenant, "ana"))
+    page = client.get(URL).content.decode()
+    row = page.split(f'id="alert-{shadowed.pk}"')[1].split("</tr>")[0]
+    assert "would have corrected" in row and "pill act-observe shadow" in row
+    assert f'id="alert-{plain.pk}"' not in page  # an observation that was never more stays out
+    filters = AlertFilters.parse({})
+    alert = {"action": "observe", "shadow": "correct", "kind": "exact_repeat"}
+    assert filters.matches(alert) and not filters.matches({**alert, "shadow": ""})

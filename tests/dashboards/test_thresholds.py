@@ -179,6 +179,93 @@ def test_lowering_repeat_tolerance_moves_the_first_intervention_earlier(tenant):
     assert change.change == "earlier" and (change.before.at_call, change.after.at_call) == (3, 2)
 
 
+def test_the_preview_respects_rollout_modes(tenant):
+    _repeating_run(tenant, "loop", calls=8)
+    # In shadow the kind loses its interventions; correct-only keeps the first, never the hand-off.
+    shadow = _mode_preview(tenant, "shadow")
+    [change] = shadow.changes
+    assert (change.change, change.after) == ("loses", None)
+    capped = _mode_preview(tenant, "correct-only")
+    [change] = capped.changes
+    assert (change.change, change.before.strongest, change.after.strongest) == (
+        "weaker",
+        "terminate",
+        "correct",
+    )
+
+
+def _mode_preview(tenant, mode: str):
+    return preview_replay(
+        runs=Run.objects.filter(tenant=tenant),
+        limit=10,
+        current=lambda run: config_resolve(
+            [], {}, backend=run.backend, model=run.model, task_type=run.task_type
+        ),
+        proposed=lambda run: config_resolve(
+            [ThresholdSet(values={"mode_exact_repeat": mode})],
+            {},
+            backend=run.backend,
+            model=run.model,
+            task_type=run.task_type,
+        ),
+    )
+
+
+def test_the_page_shows_each_kinds_mode_and_its_precision_per_scope(client, tenant):
+    loop = _repeating_run(tenant, "loop")
+    other = _repeating_run(tenant, "other", backend="anthropic", model="claude")
+    # Operators called the openai correction a true loop; ten of anthropic's false alarms.
+    Detection.objects.filter(run=loop, action="correct").update(feedback="true_loop")
+    from django.utils import timezone
+
+    for n in range(10):
+        Detection.objects.create(
+            tenant=tenant,
+            run=other,
+            seq=100 + n,
+            kind="exact_repeat",
+            action="correct",
+            signature=f"x{n}",
+            backend="anthropic",
+            model="claude",
+            task_type="order_lookup",
+            ts=timezone.now(),
+            feedback="false_alarm",
+        )
+    ThresholdSet.objects.create(
+        tenant=tenant, task_type="order_lookup", values={"mode_clarification": "correct-only"}
+    )
+    client.force_login(_member(tenant, "vic", "viewer"))
+    page = client.get(
+        f"/thresholds/{tenant.slug}/?backend=anthropic&model=claude&task_type=order_lookup"
+    ).content.decode()
+    table = page.split('id="kind-modes"')[1].split("</table>")[0]
+    row = table.split('data-kind="exact_repeat"')[1].split("</tr>")[0]
+    assert "<b>shadow</b>" in row and "measured: precision 0.00 over 10 verdicts (anthropic/claude)" in row
+    assert ">0<" in row and ">10<" in row and "keep in shadow" in row
+    clarification = table.split('data-kind="clarification"')[1].split("</tr>")[0]
+    assert "<b>correct-only</b>" in clarification and "task type order_lookup" in clarification
+    mine = client.get(f"/thresholds/{tenant.slug}/?backend=openai&model=gpt-4o").content.decode()
+    row = mine.split('id="kind-modes"')[1].split('data-kind="exact_repeat"')[1].split("</tr>")[0]
+    # openai's one verdict is too few: the tenant's verdicts in all decide, and 1 of 11 is low.
+    assert "<b>shadow</b>" in row and "(global)" in row
+
+
+def test_a_mode_is_set_in_the_form_like_any_threshold(tenant):
+    client = _client(_member(tenant, "ana"))
+    form = {"backend": "openai", "mode_monologue": "shadow", "preview_runs": "10"}
+    page = client.get(f"/thresholds/{tenant.slug}/sets/new/").content.decode()
+    assert 'name="mode_monologue"' in page and "Rollout modes" in page
+    bad = client.post(
+        f"/thresholds/{tenant.slug}/sets/new/", {**form, "mode_monologue": "off", "intent": "save"}
+    )
+    assert bad.status_code == 400 and "mode_monologue" in bad.content.decode()
+    assert client.post(f"/thresholds/{tenant.slug}/sets/new/", {**form, "intent": "save"}).status_code == 302
+    assert ThresholdSet.objects.get().values == {"mode_monologue": "shadow"}
+    scope = {"model": "", "task_type": "x"}
+    assert config_for(tenant_id=tenant.pk, backend="openai", **scope).thresholds.mode("monologue") == "shadow"
+
+
 # --- pages -----------------------------------------------------------------------------------------
 
 

@@ -110,7 +110,14 @@ def test_the_check_processes_the_events_celery_has_not_seen_yet(check, store):
 def test_a_first_call_is_allowed(check, store):
     store([run_started()])
     answer = check(call(1))
-    assert answer == {"decision": "allow", "run_known": True, "kind": "read", "hint": "", "detections": []}
+    assert answer == {
+        "decision": "allow",
+        "run_known": True,
+        "kind": "read",
+        "kind_from": "event",
+        "hint": "",
+        "detections": [],
+    }
 
 
 def test_an_identical_read_whose_result_has_not_changed_is_reused(check, store):
@@ -131,8 +138,9 @@ def test_a_read_is_not_reused_after_a_write(check, store):
     ]
     store([run_started(), *ran(1), *ran(2), *write])
     answer = check(call(4))
-    assert answer["decision"] == "correct"  # still a repeat, but its result may have changed
-    assert actions(answer) == [("interval_loop", "correct")]
+    # The write changed the world: the same read asks a new question (neither reused nor corrected).
+    assert answer["decision"] == "allow" and "reuse" not in answer
+    assert actions(answer) == []
 
 
 def test_a_read_whose_result_changed_or_was_cut_is_not_reused(check, store):
@@ -377,7 +385,14 @@ def test_another_tenants_run_is_a_run_not_known(check, store, other_tenant, make
     store([run_started(), *[e for n in range(1, 5) for e in ran(n, args={"id": "o9"}, **bad)]])
     theirs = make_key(other_tenant, scopes=("ingest", "ledger"))
     answer = check(call(5, args={"id": "o9"}), api_key=theirs)
-    assert answer == {"decision": "allow", "run_known": False, "kind": "read", "hint": "", "detections": []}
+    assert answer == {
+        "decision": "allow",
+        "run_known": False,
+        "kind": "read",
+        "kind_from": "event",
+        "hint": "",
+        "detections": [],
+    }
     strict = check({**call(5, args={"id": "o9"}), "require_run": True}, api_key=theirs, status=404)
     assert strict["field"] == "run_id"
     run = Run.objects.get(run_id="r1")
@@ -564,3 +579,12 @@ def test_the_handoff_api_refuses_what_it_cannot_answer(check, store, tenant, oth
     missing = api.post(HANDOFF_URL, {"answer": "stop", "by": "ops"}, operator)
     assert missing.status_code == 400 and missing.json()["field"] == "note"
     assert Run.objects.get(tenant=tenant).status == Run.Status.WAITING
+
+
+def test_a_check_stamped_before_the_run_started_does_not_exhaust_the_wall_clock(check, store):
+    # The caller's clock days behind the run's (or a copied example's ts): the wall-clock budget is
+    # the run's own, from its first event.
+    store([run_started(), *ran(1)])
+    answer = check(call(2, ts="2026-11-26T21:38:44Z"))
+    assert answer["decision"] == "allow", answer
+    assert not [d for d in answer["detections"] if d["kind"] == "budget"]

@@ -241,3 +241,113 @@ def test_replay_command_line_needs_no_database(trace: Path):
     )
     assert bad.returncode == 1
     assert "<stdin>:1: must be an object" in bad.stderr.decode()
+
+
+# --- scoring against labels ---------------------------------------------------------------------
+
+
+def _scored_runs() -> list[dict[str, Any]]:
+    """Five runs of two sources: three repeat one read 4 times (a correction at call 3), two read
+    new things; `nolabel` has no label."""
+    events = []
+    for run_id, source, loops in (
+        ("on-time", "a", True),
+        ("late", "a", True),
+        ("missed", "b", False),
+        ("noisy", "b", True),
+        ("quiet", "b", False),
+        ("nolabel", "b", False),
+    ):
+        events.append(run_started(run_id, labels={"source": source}))
+        for n in range(1, 5):
+            args = {"customer": "42"} if loops else {"customer": f"{run_id}-{n}"}
+            events += [
+                model_round(run_id, n),
+                tool_call(run_id, f"c{n}", n, args=args),
+                tool_result(run_id, f"c{n}", n, result={"orders": [{"id": f"O-{n if not loops else 1}"}]}),
+            ]
+    return events
+
+
+LABELS = {
+    "on-time": {"loop": True, "kind": "exact_repeat", "flag_by_call": 3},
+    "late": {"loop": True, "kind": "exact_repeat", "flag_by_call": 2},
+    # Counted by model round: the correction at call 3 came with 3 rounds seen.
+    "missed.jsonl": {"loop": True, "kind": "monologue", "flag_by_call": 3, "count": "round"},
+    "noisy": {"loop": False, "kind": "none", "flag_by_call": None},
+    "quiet": {"loop": False},
+}
+
+
+@pytest.fixture
+def scored(tmp_path: Path) -> tuple[Path, Path]:
+    trace = tmp_path / "runs.jsonl"
+    trace.write_text(_jsonl(_scored_runs()))
+    labels = tmp_path / "labels.json"
+    labels.write_bytes(orjson.dumps(LABELS))
+    return trace, labels
+
+
+def test_replay_labels_json_scores_per_source_and_kind(scored: tuple[Path, Path]):
+    trace, labels = scored
+    out, _ = _replay(str(trace), "--labels", str(labels), "--json")
+    lines = out.splitlines()
+    assert len(lines) == 1  # one object
+    score = orjson.loads(lines[0])
+    total = score["total"]
+    assert (total["loops"], total["on_time"], total["late"], total["missed"]) == (3, 1, 1, 1)
+    assert total["late_runs"] == ["late"] and total["missed_runs"] == ["missed"]
+    assert (total["healthy"], total["intervened"], total["intervened_runs"]) == (2, 1, ["noisy"])
+    assert total["recall"] == pytest.approx(1 / 3) and total["false_rate"] == 0.5
+    a, b = score["sources"]["a"], score["sources"]["b"]
+    assert (a["loops"], a["on_time"], a["late"], a["healthy"]) == (2, 1, 1, 0)
+    assert (b["loops"], b["missed"], b["healthy"], b["intervened_runs"]) == (1, 1, 2, ["noisy"])
+    # Loops under their label's kind, a healthy run under its first intervention's.
+    assert score["kinds"]["exact_repeat"]["loops"] == 2
+    assert score["kinds"]["exact_repeat"]["intervened_runs"] == ["noisy"]
+    assert score["kinds"]["monologue"]["missed_runs"] == ["missed"]
+    assert score["unlabelled"] == ["nolabel"]
+    late = next(r for r in score["runs"] if r["run_id"] == "late")
+    assert late["first"] == {"kind": "exact_repeat", "action": "correct", "calls": 3, "rounds": 3}
+
+
+def test_replay_labels_table_lists_the_runs_behind_each_count(scored: tuple[Path, Path]):
+    trace, labels = scored
+    out, _ = _replay(str(trace), "--labels", str(labels))
+    rows: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        if line.strip():
+            rows.setdefault(line.split()[0], line.split()[1:])  # the first: the source table's
+    assert rows["a"] == ["2", "1", "1", "0", "0.50", "0", "0", "-"]
+    assert rows["b"] == ["1", "0", "0", "1", "0.00", "2", "1", "50.0%"]
+    assert rows["all"] == ["3", "1", "1", "1", "0.33", "2", "1", "50.0%"]
+    assert "1 runs without a label" in out
+    assert "  a  late  exact_repeat correct at call 3, round 3; label exact_repeat by call 2" in out
+    assert "  b  missed  label monologue by round 3" in out
+    assert "  b  noisy  exact_repeat correct at call 3, round 3" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        ([1], "must be a JSON object"),
+        ({"r": {"loop": "yes"}}, "r.loop"),
+        ({"r": {"loop": True}}, "r.flag_by_call"),
+        ({"r": {"loop": True, "flag_by_call": 2, "count": "step"}}, "r.count"),
+    ],
+)
+def test_replay_bad_labels_file_names_the_field(trace: Path, tmp_path: Path, content: Any, field: str):
+    labels = tmp_path / "labels.json"
+    labels.write_bytes(orjson.dumps(content))
+    with pytest.raises(CommandError) as caught:
+        _replay(str(trace), "--labels", str(labels))
+    assert str(labels) in str(caught.value) and field in str(caught.value)
+
+
+def test_replay_shows_what_a_kind_in_shadow_would_have_done(trace: Path, tmp_path: Path):
+    thresholds = tmp_path / "modes.json"
+    thresholds.write_bytes(orjson.dumps({"mode_exact_repeat": "shadow"}))
+    out, _ = _replay(str(trace), "--thresholds", str(thresholds))
+    line = next(line for line in out.splitlines() if "(in shadow: correct)" in line)
+    assert line.split()[:4] == ["3", "3", "exact_repeat", "observe"]
+    assert "replay: 2 runs, 0 with an intervention" in out

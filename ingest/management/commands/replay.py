@@ -1,4 +1,5 @@
-"""`manage.py replay FILE... [--json] [--thresholds FILE]`: the detection engine over trace files.
+"""`manage.py replay FILE... [--json] [--thresholds FILE] [--labels FILE]`: the detection engine over
+trace files.
 
 Offline and without the database: it reads JSON Lines (trace events v1, any number of runs per
 file, `-` for standard input), groups the events by run_id, feeds each run's events to the engine
@@ -8,11 +9,14 @@ opens no connection, so it works with the embedded settings on a laptop holding 
 1. Read every file; a line that is not a valid event is reported as `FILE:LINE: reason` and
    skipped; a second event with the same (run_id, event_id) is skipped as the server would.
 2. Replay each run, in the order of its first event, with one engine and a fresh state.
-3. Print the table and a summary (or the JSON lines); exit 1 when any line was bad.
+3. Print the table and a summary (or the JSON lines); with --labels, the score instead: per source
+   and per kind, loops caught on time / late / missed and healthy runs intervened on, with the run
+   ids (or the same as one JSON object). Exit 1 when any line was bad.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -24,6 +28,7 @@ import orjson
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
 from ingest.detection import ACTIONS, Config, Detection, Engine, RunState, Thresholds, ToolSpec
+from ingest.detection.scoring import Fired, Label, Position, Scoreboard, Tally, run_source
 from ingest.schema import TOOL_KINDS, EventError, validate_event
 
 STDIN = "-"
@@ -63,6 +68,7 @@ class _Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     where: list[str] = field(default_factory=list)
     event_ids: set[str] = field(default_factory=set)
+    path: str = ""  # the file of its first event: labels may name runs by file
 
 
 @dataclass
@@ -83,6 +89,9 @@ class Replayed:
     terminated_by: str | None
     budget_type: str | None
     detections: list[Detection]
+    source: str = "-"
+    path: str = ""
+    first: Fired | None = None  # the first intervention, with the calls and rounds seen then
 
     @property
     def intervened(self) -> bool:
@@ -176,6 +185,39 @@ def _tool_problem(spec: Any) -> str:
     return ""
 
 
+def labels_load(path: str) -> dict[str, Label]:
+    """`{run: {"loop": bool, "kind": …, "flag_by_call": int, "count": "round"?, …}}` from a file;
+    a run is named by its run_id or by the name of its file (with or without `.jsonl`)."""
+
+    def fail(problem: str) -> CommandError:
+        return CommandError(f"--labels {path}: {problem}")
+
+    try:
+        with open(path, "rb") as fh:
+            data = orjson.loads(fh.read())
+    except OSError as exc:
+        raise fail(exc.strerror or str(exc)) from None
+    except orjson.JSONDecodeError as exc:
+        raise fail(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise fail("must be a JSON object of run to label")
+    labels = {}
+    for name, entry in data.items():
+        try:
+            labels[name] = Label.from_dict(entry)
+        except ValueError as exc:
+            raise fail(f"{name}.{exc}") from None
+    return labels
+
+
+def _label_for(labels: dict[str, Label], result: Replayed) -> Label | None:
+    base = os.path.basename(result.path)
+    for name in (result.run_id, f"{result.run_id}.jsonl", base, base.removesuffix(".jsonl")):
+        if name and name in labels:
+            return labels[name]
+    return None
+
+
 # --- reading ------------------------------------------------------------------------------------
 
 
@@ -231,6 +273,34 @@ class Progress:
         self.stream.flush()
 
 
+def _rate(value: float | None, *, percent: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}%" if percent else f"{value:.2f}"
+
+
+def _score_row(tally: Tally, *, rate: bool = True) -> str:
+    row = f"{tally.loops:>5}  {tally.on_time:>7}  {len(tally.late):>4}  {len(tally.missed):>6}  {_rate(tally.recall):>6}  "
+    if not rate:
+        return row + f"{len(tally.intervened):>18}"
+    return (
+        row + f"{tally.healthy:>7}  {len(tally.intervened):>10}  {_rate(tally.false_rate, percent=True):>6}"
+    )
+
+
+def _score_detail(score) -> str:
+    label = score.label
+    where = ""
+    if score.first is not None:
+        where = (
+            f"{score.first.kind} {score.first.action} at call {score.first.calls}, round {score.first.rounds}"
+        )
+    if not label.loop:
+        return where
+    point = f"label {label.kind} by {'round' if label.by_round else 'call'} {label.flag_by}"
+    return f"{where}; {point}" if where else point
+
+
 class Command(BaseCommand):
     help = (
         "Replay trace files (JSON Lines, trace events v1, many runs per file; - reads standard input) "
@@ -253,6 +323,12 @@ class Command(BaseCommand):
             help="one JSON object a line per run: run_id, detections, terminated_by, budget_type",
         )
         parser.add_argument(
+            "--labels",
+            metavar="FILE",
+            help='JSON: {run_id or file name: {"loop": bool, "kind": …, "flag_by_call": N, "count": '
+            '"round"?}}; prints the score per source and per kind instead of each run',
+        )
+        parser.add_argument(
             "--thresholds",
             metavar="FILE",
             help='JSON: {"thresholds": {name: value}, "tools": {tool: {kind, core_args, noise_args, '
@@ -261,6 +337,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = config_load(options["thresholds"]) if options["thresholds"] else Config()
+        labels = labels_load(options["labels"]) if options.get("labels") else None
         data = self._read(options["files"], options.get("stdin") or sys.stdin)
         if not data.runs:
             what = "no valid events" if data.bad else "no events"
@@ -268,7 +345,9 @@ class Command(BaseCommand):
             self.stderr.write(f"replay: {what} in {names}", style_func=lambda s: s)
         else:
             results = self._replay(data, config)
-            if options["json"]:
+            if labels is not None:
+                self._score(results, labels, as_json=options["json"])
+            elif options["json"]:
                 for result in results:
                     self.stdout.write(orjson.dumps(result.as_json()).decode())
             else:
@@ -303,7 +382,7 @@ class Command(BaseCommand):
                     continue
                 run = data.runs.get(event["run_id"])
                 if run is None:
-                    run = data.runs[event["run_id"]] = _Run()
+                    run = data.runs[event["run_id"]] = _Run(path=name)
                 event_id = event.get("event_id")
                 if event_id is not None:
                     # A second delivery is stored once by the server, so the engine sees it once.
@@ -330,9 +409,15 @@ class Command(BaseCommand):
             for done, (run_id, run) in enumerate(data.runs.items(), 1):
                 state = RunState()
                 found: list[Detection] = []
+                position = Position()
+                first: Fired | None = None
                 for event, where in zip(run.events, run.where, strict=True):
+                    position.see(event)
                     try:
-                        found += engine.feed(state, event)
+                        fired = engine.feed(state, event)
+                        found += fired
+                        if first is None and fired:
+                            first = Fired.first([(d, position.calls, position.rounds) for d in fired])
                     except Exception as exc:
                         progress.close()
                         raise CommandError(
@@ -346,6 +431,9 @@ class Command(BaseCommand):
                         terminated_by=state.terminated_by or None,
                         budget_type=state.budget_type or None,
                         detections=found,
+                        source=run_source(run.events),
+                        path=run.path,
+                        first=first,
                     )
                 )
                 run.events, run.where = [], []  # replayed: only the verdicts are needed from here on
@@ -353,6 +441,60 @@ class Command(BaseCommand):
         finally:
             progress.close()
         return results
+
+    def _score(self, results: list[Replayed], labels: dict[str, Label], *, as_json: bool) -> None:
+        board = Scoreboard()
+        unlabelled = []
+        for result in results:
+            label = _label_for(labels, result)
+            if label is None:
+                unlabelled.append(result.run_id)
+                continue
+            board.add(run_id=result.run_id, source=result.source, label=label, first=result.first)
+        if as_json:
+            self.stdout.write(orjson.dumps({**board.as_dict(), "unlabelled": unlabelled}).decode())
+            return
+        out = self.stdout
+        total = board.total
+        head = (
+            f"score: {len(board.runs)} labelled runs ({total.loops} loops, {total.healthy} healthy); "
+            "a loop is caught on time by an intervention (correct or stronger) at or before its label's "
+            "call (or round)"
+        )
+        out.write(head + (f"; {len(unlabelled)} runs without a label" if unlabelled else ""))
+        for title, rows in (("source", board.sources), ("kind", board.kinds)):
+            out.write("")
+            width = max(len(title), len("all"), *(len(name) for name in rows))
+            head = (
+                f"{title:<{width}}  {'loops':>5}  {'on time':>7}  {'late':>4}  {'missed':>6}  {'recall':>6}  "
+            )
+            if title == "source":
+                out.write(head + f"{'healthy':>7}  {'intervened':>10}  {'rate':>6}")
+                for name, tally in [*sorted(rows.items()), ("all", total)]:
+                    out.write(f"{name:<{width}}  {_score_row(tally)}")
+            else:
+                # A healthy run counts under the kind of its first intervention: no rate per kind.
+                out.write(head + f"{'healthy intervened':>18}")
+                for name, tally in sorted(rows.items()):
+                    out.write(f"{name:<{width}}  {_score_row(tally, rate=False)}")
+                out.write(
+                    "(a loop counts under its label's kind, a healthy run under its first intervention's)"
+                )
+        by_id = {r.run_id: r for r in board.runs}
+        for what, pick in (
+            ("late", lambda t: t.late),
+            ("missed", lambda t: t.missed),
+            ("healthy runs intervened on", lambda t: t.intervened),
+        ):
+            listed = [
+                (name, run_id) for name, tally in sorted(board.sources.items()) for run_id in pick(tally)
+            ]
+            if not listed:
+                continue
+            out.write("")
+            out.write(f"{what}:")
+            for name, run_id in listed:
+                out.write(f"  {name}  {run_id}  {_score_detail(by_id[run_id])}")
 
     def _table(self, results: list[Replayed], data: Input) -> None:
         out = self.stdout
@@ -372,9 +514,11 @@ class Command(BaseCommand):
                 f"  {'call':>5}  {'round':>5}  {'kind':<{kind_width}}  {'action':<{action_width}}  hint"
             )
             for d in result.detections:
+                # A kind in shadow: observed, with what full would have done before its hint.
+                shadow = f"(in shadow: {d.evidence['shadow']}) " if "shadow" in d.evidence else ""
                 out.write(
                     f"  {d.at_call:>5}  {d.at_round:>5}  {d.kind:<{kind_width}}  {d.action:<{action_width}}  "
-                    f"{_shorten(d.hint, HINT_WIDTH)}"
+                    f"{shadow}{_shorten(d.hint, HINT_WIDTH)}"
                 )
         out.write("")
         out.write(self._summary(results, data))

@@ -57,3 +57,38 @@ def test_the_state_resumes_where_another_worker_stopped():
         pieces += engine.feed(state, event)
     assert [d.as_dict() for d in pieces] == [d.as_dict() for d in whole]
     assert interventions(whole)
+
+
+def test_an_event_stamped_before_the_run_started_does_not_exhaust_the_wall_clock():
+    # A guard check (or a replayed event) carrying a caller's clock days behind the run's start.
+    run = RunBuilder(budgets={"max_wall_s": 3600})
+    run.call("read_file", {"path": "a"}, {"text": "a"})
+    early = run._event("tool_call", round=2, call_id="old", tool="read_file", args={"path": "b"})
+    early["ts"] = "2026-11-26T21:38:44Z"  # 217,316 s before the run's start
+    run.events.append(early)
+    run.wait(60).call("read_file", {"path": "c"}, {"text": "c"})
+    state, found = replay_run(run.events)
+    assert [d for d in found if d.kind == "budget"] == []
+    assert state.last_ts - state.start_ts < 3600
+    from ingest.detection.budgets import consumed
+
+    assert 0 < consumed(state, "max_wall_s") < 120  # measured from the run's own first event
+
+
+def test_a_version_1_state_is_upgraded_and_goes_on():
+    from ingest.detection.state import STATE_VERSION
+
+    run = RunBuilder()
+    for _ in range(2):
+        run.call("get_order", {"id": "o1"}, {"id": "o1", "status": "open"})
+    engine_state = replay_run(run.events)[0].to_dict()
+    old = {k: v for k, v in engine_state.items() if k not in ("world", "user_keys", "texts", "harness")}
+    old.update(version=1, questions=[["what is your order number", 3, True, 1, 0]], question_streak=[])
+    state = RunState.from_dict(old)
+    assert state.version == STATE_VERSION and state.questions == [["what is your order number", 1, True, 0]]
+    from ingest.detection import Engine
+
+    more = RunBuilder()
+    more.call("get_order", {"id": "o1"}, {"id": "o1", "status": "open"})
+    found = [d for e in more.events[1:] for d in Engine().feed(state, e)]
+    assert [(d.kind, d.action) for d in found] == [("exact_repeat", "correct")]
