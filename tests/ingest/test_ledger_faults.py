@@ -94,7 +94,8 @@ CHILD = child_source(CHILD_MAIN)
 
 
 @pytest.fixture
-def downstream() -> Iterator[Downstream]:
+def downstream(settings) -> Iterator[Downstream]:
+    settings.LOOPWATCH_RECONCILER_ALLOWED_HOSTS = ["127.0.0.1"]  # the reconciler asks it on loopback
     service = Downstream()
     service.start()
     yield service
@@ -102,9 +103,14 @@ def downstream() -> Iterator[Downstream]:
 
 
 @pytest.fixture
-def reconciler(downstream) -> Reconciler:
+def reconciler(tenant, downstream) -> Reconciler:
+    """No grace: a "not done" is acted on at once (test_ledger_attempts.py and test_reconcilers.py
+    show the grace), and the downstream's record is kept whole (keep_fields)."""
     return Reconciler.objects.create(
+        tenant=tenant,
         tool=TOOL,
+        keep_fields=["id", "key", "amount_cents"],
+        grace_s=0,
         url_template=f"{downstream.url}/status/{{operation_key}}",
         field="state",
         done_values=["done"],
