@@ -423,8 +423,11 @@ def _refusal(
     op: Operation, *, what: str, worker_id: str, attempt: int | None, **evidence: Any
 ) -> NotLeaseHolder:
     """The refusal of `what` (complete, renew) by a non-holder, recorded in the operation's history
-    (from and to its unchanged status): a stale attempt still at work is worth knowing about."""
-    if attempt is not None and attempt != op.attempts:
+    (from and to its unchanged status): a stale attempt still at work is worth knowing about. Not
+    recorded: the current attempt's renewal once its operation settled (a heartbeat that was in
+    flight when its own completion landed)."""
+    stale = attempt is not None and attempt != op.attempts
+    if stale:
         error: NotLeaseHolder = StaleAttempt(
             f"attempt: {attempt} is not the operation's current attempt {op.attempts} "
             f"({op.operation_key}: {op.status}); {worker_id}'s attempt {attempt} cannot {what} it",
@@ -436,15 +439,16 @@ def _refusal(
             f"(attempt {op.attempts}); {worker_id} cannot {what} it",
             operation=op,
         )
-    OperationTransition.objects.create(
-        operation=op,
-        from_status=op.status,
-        to_status=op.status,
-        actor=Actor.WORKER,
-        actor_id=worker_id,
-        note=f"refused: {error}",
-        evidence={"refused": what, "attempt": attempt, "current_attempt": op.attempts, **evidence},
-    )
+    if stale or what != "renew":
+        OperationTransition.objects.create(
+            operation=op,
+            from_status=op.status,
+            to_status=op.status,
+            actor=Actor.WORKER,
+            actor_id=worker_id,
+            note=f"refused: {error}",
+            evidence={"refused": what, "attempt": attempt, "current_attempt": op.attempts, **evidence},
+        )
     return error
 
 

@@ -243,3 +243,12 @@ def test_a_claim_given_back_before_it_ran_may_run_again_without_a_person(tenant)
     with pytest.raises(NotLeaseHolder):
         operation_release(tenant=tenant, key="k1", worker_id="w", attempt_id="a3")
     assert Operation.objects.get().status == "RUNNING"
+
+
+def test_a_renewal_in_flight_when_its_own_completion_landed_is_refused_quietly(tenant):
+    _claim(tenant, attempt_id="a1")
+    operation_complete(tenant=tenant, key="k1", worker_id="w", attempt=1, outcome="succeeded", result=1)
+    with pytest.raises(NotLeaseHolder) as info:
+        operation_renew(tenant=tenant, key="k1", worker_id="w", attempt=1, lease_s=30)
+    assert not isinstance(info.value, StaleAttempt) and info.value.status == "SUCCEEDED"
+    assert Operation.objects.get().history.count() == 2  # claimed, succeeded: no refusal recorded
