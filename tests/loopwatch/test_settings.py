@@ -69,6 +69,9 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_KEY_CACHE_S": "-1"}, "LOOPWATCH_KEY_CACHE_S"),
         ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+        # Headers belong to a tenant now: the old flat shape is refused, saying the new one.
+        ({"LOOPWATCH_RECONCILER_HEADERS": '{"payments": {"Authorization": "x"}}'}, "<tenant slug>"),
+        ({"LOOPWATCH_RECONCILER_HEADERS": '{"acme": ["x"]}'}, "LOOPWATCH_RECONCILER_HEADERS"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(env, named):
@@ -79,6 +82,11 @@ def test_a_bad_value_stops_start_up_naming_the_variable(env, named):
 
 def test_debug_off_with_a_secret_of_ones_own_starts():
     assert _start(DEBUG="false", SECRET_KEY="s3cret-for-the-test").returncode == 0
+
+
+def test_reconciler_headers_per_tenant_start():
+    done = _start(LOOPWATCH_RECONCILER_HEADERS='{"acme": {"payments": {"Authorization": "Bearer x"}}}')
+    assert done.returncode == 0, done.stderr
 
 
 def test_env_helpers():
