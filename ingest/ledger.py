@@ -429,8 +429,8 @@ def _refusal(
     stale = attempt is not None and attempt != op.attempts
     if stale:
         error: NotLeaseHolder = StaleAttempt(
-            f"attempt: {attempt} is not the operation's current attempt {op.attempts} "
-            f"({op.operation_key}: {op.status}); {worker_id}'s attempt {attempt} cannot {what} it",
+            f"attempt {attempt} is not the operation's current attempt {op.attempts} "
+            f"({op.operation_key}: {op.status}): {worker_id} cannot {what} it with a stale fencing token",
             operation=op,
         )
     else:
