@@ -736,11 +736,14 @@ class _LateReports:
         self, what: str, send: Callable[..., Any], *, horizon_s: float, gone_is_done: bool = False
     ) -> None:
         with self._lock:
+            if self._pid != os.getpid():
+                self._reports.clear()  # a forked child: the parent sends its own reports
+                self._thread = None
             if len(self._reports) >= MAX_LATE_REPORTS:
                 dropped = self._reports.pop(0)
                 logger.warning("loopwatch: too many late reports; %s is dropped", dropped.what)
             self._reports.append(_Report(what, send, time.monotonic() + horizon_s, gone_is_done))
-            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+            if self._thread is None or not self._thread.is_alive():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="loopwatch-late", daemon=True)
                 self._thread.start()

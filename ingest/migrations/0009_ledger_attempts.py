@@ -52,7 +52,6 @@ class Migration(migrations.Migration):
             name='tenant',
             field=models.ForeignKey(help_text="Whose operations it reconciles, with that tenant's credentials.", null=True, on_delete=django.db.models.deletion.CASCADE, related_name='reconcilers', to='ingest.tenant'),
         ),
-        migrations.RunPython(reconcilers_of_the_only_tenant, migrations.RunPython.noop, elidable=True),
         migrations.AddField(
             model_name='run',
             name='unverified_from_seq',
@@ -82,4 +81,7 @@ class Migration(migrations.Migration):
             model_name='reconciler',
             constraint=models.UniqueConstraint(fields=('tenant', 'tool'), name='reconciler_tenant_tool_uniq'),
         ),
+        # Last: on PostgreSQL an ALTER TABLE after rows were updated in the same transaction fails
+        # ("pending trigger events" of the deferred foreign key).
+        migrations.RunPython(reconcilers_of_the_only_tenant, migrations.RunPython.noop, elidable=True),
     ]
