@@ -37,15 +37,20 @@ class Server:
         os.killpg(self.pid, signal.SIGCONT)
 
 
+@pytest.fixture(scope="module")
+def uvicorn_server(django_db_setup, tmp_path_factory) -> Iterator[Server]:
+    """A uvicorn of the module's own (one worker): the tests freeze it."""
+    with uvicorn_serving(tmp_path_factory.mktemp("uvicorn") / "uvicorn.log", workers=1) as (url, proc):
+        yield Server(url, proc.pid)
+
+
 @pytest.fixture
-def server(needs_postgres, tmp_path) -> Iterator[Server]:
-    """A uvicorn of its own (one worker) that the test may freeze; thawed and stopped at the end."""
-    with uvicorn_serving(tmp_path / "uvicorn.log", workers=1) as (url, proc):
-        frozen = Server(url, proc.pid)
-        try:
-            yield frozen
-        finally:
-            frozen.thaw()
+def server(uvicorn_server) -> Iterator[Server]:
+    """The module's uvicorn, thawed again after each test whatever happened."""
+    try:
+        yield uvicorn_server
+    finally:
+        uvicorn_server.thaw()
 
 
 @pytest.fixture
