@@ -244,6 +244,13 @@ def test_the_detail_page_shows_arguments_history_and_the_last_answer(client, ten
     assert "operators and admins decide" in page and 'id="decide-succeeded"' not in page
 
 
+def test_the_detail_page_shows_the_tenants_reconciler_and_its_grace(client, tenant, downstream):
+    op = _unknown(tenant)
+    client.force_login(_member(tenant, "ana", "viewer"))
+    page = client.get(f"/queue/{op.pk}/").content.decode()
+    assert f"127.0.0.1:{downstream.port}/status/" in page and "counts 30 s after the last lease ended" in page
+
+
 def test_a_viewer_cannot_decide(client, tenant):
     op = _unknown(tenant)
     client.force_login(_member(tenant, "vic", "viewer"))
