@@ -83,8 +83,8 @@ def ledger_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
         result = {"refund_id": "re_" + "x" * 24, "status": "succeeded", "amount": 10.5}
         client = LedgerClient(f"http://{HOST}:{cfg['port']}", key, worker_id=f"bench-{idx}", timeout=30)
         for op_key, args in warm:
-            client.claim(operation_key=op_key, tool=TOOL, args=args, lease_s=60)
-            client.complete(op_key, outcome="succeeded", result=result)
+            claim = client.claim(operation_key=op_key, tool=TOOL, args=args, lease_s=60, attempt_id=op_key)
+            client.complete(op_key, outcome="succeeded", result=result, attempt=claim.attempt)
 
         barrier.wait(timeout=cfg["timeout"])
         cpu0 = time.process_time()
@@ -95,12 +95,15 @@ def ledger_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
         for op_key, args in ops:
             t0 = time.monotonic()
             try:
-                claim = client.claim(operation_key=op_key, tool=TOOL, args=args, lease_s=60)
+                # As invoke_once does: an attempt id on the claim, the fencing token on the completion.
+                claim = client.claim(
+                    operation_key=op_key, tool=TOOL, args=args, lease_s=60, attempt_id=op_key
+                )
                 t1 = time.monotonic()
                 if claim.decision != "execute":
                     failures.append(f"{op_key}: claim answered {claim.decision}")
                     continue
-                state = client.complete(op_key, outcome="succeeded", result=result)
+                state = client.complete(op_key, outcome="succeeded", result=result, attempt=claim.attempt)
                 t2 = time.monotonic()
             except Exception as exc:
                 failures.append(f"{op_key}: {type(exc).__name__}: {exc}")
@@ -130,10 +133,10 @@ def ledger_client(idx: int, cfg: dict, key: str, barrier, out_q) -> None:
 
 RAW_INSERT = """
 INSERT INTO {table} (tenant_id, operation_key, tool, fingerprint, args, status, lease_owner,
-    lease_expires_at, attempts, external_request_id, result_digest, error_class, source, call_id,
-    step_id, executions, needs_person, reconcile_attempts, created_at, updated_at)
-VALUES (%s, %s, %s, %s, %s::jsonb, 'RUNNING', %s, now() + interval '60 seconds', 1, '', '', '', 'api',
-    '', '', 0, false, 0, now(), now())
+    lease_expires_at, attempts, attempt_id, external_request_id, result_digest, error_class, source,
+    call_id, step_id, executions, needs_person, unverified, reconcile_attempts, created_at, updated_at)
+VALUES (%s, %s, %s, %s, %s::jsonb, 'RUNNING', %s, now() + interval '60 seconds', 1, %s, '', '', '',
+    'api', '', '', 0, false, false, 0, now(), now())
 ON CONFLICT (tenant_id, operation_key) DO NOTHING RETURNING id
 """
 
@@ -159,7 +162,7 @@ def raw_client(idx: int, cfg: dict, tenant_id: int, barrier, out_q) -> None:
         query = sql.SQL(RAW_INSERT).format(table=sql.Identifier(RAW_TABLE))
         with psycopg.connect(cfg["database_url"]) as conn:
             for row in warm:
-                conn.execute(query, (*row[:4], row[4], f"raw-{idx}"))
+                conn.execute(query, (*row[:4], row[4], f"raw-{idx}", row[1]))
                 conn.commit()
             barrier.wait(timeout=cfg["timeout"])
             cpu0 = time.process_time()
@@ -168,7 +171,7 @@ def raw_client(idx: int, cfg: dict, tenant_id: int, barrier, out_q) -> None:
             failures: list[str] = []
             for row in rows:
                 t0 = time.monotonic()
-                inserted = conn.execute(query, (*row[:4], row[4], f"raw-{idx}")).fetchone()
+                inserted = conn.execute(query, (*row[:4], row[4], f"raw-{idx}", row[1])).fetchone()
                 conn.commit()
                 latencies.append(time.monotonic() - t0)
                 if inserted is None:

@@ -124,6 +124,7 @@ class OperationAdmin(admin.ModelAdmin):
 @admin.register(Reconciler)
 class ReconcilerAdmin(admin.ModelAdmin):
     list_display = [
+        "tenant",
         "tool",
         "method",
         "url_template",
@@ -132,3 +133,5 @@ class ReconcilerAdmin(admin.ModelAdmin):
         "not_done_values",
         "max_attempts",
     ]
+    list_filter = ["tenant"]
+    search_fields = ["tool", "url_template"]

@@ -94,7 +94,11 @@ class EventsConsumer(AsyncWebsocketConsumer):
         events: list[Any] = data if isinstance(data, list) else [data]
         try:
             check_batch_size(events)
-            result = await database_sync_to_async(ingest_batch)(tenant=self.key.tenant, events=events)
+            result = await database_sync_to_async(ingest_batch)(
+                tenant=self.key.tenant,
+                events=events,
+                ledger_scope=ApiKey.Scope.LEDGER in self.key.scopes,
+            )
         except ApiError as exc:
             await self._send({"ack": ack, "error": exc.error_code, "detail": str(exc.detail)})
             return

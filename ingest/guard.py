@@ -104,6 +104,7 @@ class ProposedCall:
     step_id: str = ""
     worker_id: str = ""  # writes: the executor that takes the ledger's lease
     lease_s: float = DEFAULT_LEASE_S
+    attempt_id: str = ""  # writes: the client's id of this attempt (see operation_claim)
 
 
 @dataclass
@@ -555,6 +556,7 @@ def _ledger_decide(answer: GuardAnswer, *, tenant: Tenant, run_id: str, call: Pr
         worker_id=call.worker_id,
         lease_s=call.lease_s,
         step_id=call.step_id,
+        attempt_id=call.attempt_id,
     )
     op = claim.operation
     ledger: dict[str, Any] = {"decision": claim.decision, "operation_key": key, "status": op.status}
@@ -563,6 +565,7 @@ def _ledger_decide(answer: GuardAnswer, *, tenant: Tenant, run_id: str, call: Pr
             "owner": op.lease_owner,
             "expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
             "attempt": op.attempts,
+            "attempt_id": op.attempt_id,
         }
     elif claim.decision == "reuse":
         # The stored result as the very bytes it was stored as, like the ledger's own API.

@@ -1,18 +1,24 @@
-"""The idempotency ledger: claim, complete, resolve, reconcile (services: they own transactions).
+"""The idempotency ledger: claim, renew, complete, release, resolve, reconcile (services: they own
+transactions). docs/ledger.md describes the protocol.
 
 An operation moves only along ALLOWED; every move appends an OperationTransition. A claim is
 atomic: of two callers racing for a new key exactly one gets `execute` (INSERT ... ON CONFLICT
 DO NOTHING, then SELECT ... FOR UPDATE of the row that won).
+
+An attempt, not a process, owns a claim: each `execute` is a new attempt, numbered in
+`Operation.attempts` (its fencing token), with the client's `attempt_id`. A second claim of a
+RUNNING key under a live lease waits, whoever sends it; only the same attempt_id asking again (its
+answer was lost) gets its lease back. Renewals and completions carry the token: a stale one is
+refused and recorded in the history.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import random
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,6 +33,7 @@ from ingest import metrics
 from ingest.bulk import rows_update
 from ingest.detection.config import NON_RETRYABLE, RETRYABLE
 from ingest.detection.normalize import canonical
+from ingest.downstream import Refused, downstream_fetch, kept, target_for
 from ingest.models import Operation, OperationTransition, Reconciler, Tenant
 
 logger = logging.getLogger(__name__)
@@ -36,12 +43,17 @@ Actor = OperationTransition.Actor
 ALLOWED: dict[str, set[str]] = {
     S.PENDING: {S.RUNNING, S.UNKNOWN},
     S.RUNNING: {S.SUCCEEDED, S.FAILED, S.RETRYABLE_FAILED, S.UNKNOWN},
-    S.RETRYABLE_FAILED: {S.RUNNING},
-    S.UNKNOWN: {S.SUCCEEDED, S.RETRYABLE_FAILED, S.FAILED, S.COMPENSATED},
-    S.SUCCEEDED: {S.COMPENSATED},
-    S.FAILED: set(),
+    # -> UNKNOWN from RETRYABLE_FAILED, SUCCEEDED or FAILED: only an unverified account (a trace
+    # sent with a key without the ledger scope) when a claim asks for a verdict.
+    S.RETRYABLE_FAILED: {S.RUNNING, S.UNKNOWN},
+    # -> RUNNING: only the holder of the attempt whose lease ran out, renewing it (still at work).
+    S.UNKNOWN: {S.SUCCEEDED, S.RETRYABLE_FAILED, S.FAILED, S.COMPENSATED, S.RUNNING},
+    S.SUCCEEDED: {S.COMPENSATED, S.UNKNOWN},
+    S.FAILED: {S.UNKNOWN},
     S.COMPENSATED: set(),
 }
+# What a person may decide (operation_resolve): the other moves are the ledger's own.
+OPERATOR_TARGETS = frozenset({S.SUCCEEDED, S.RETRYABLE_FAILED, S.FAILED, S.COMPENSATED})
 DEFAULT_LEASE_S = 60
 MAX_LEASE_S = 3600
 RECONCILE_BACKOFF_S = (15, 30, 60, 120, 300, 600, 1200, 1800)  # then every 30 min, each ± jitter
@@ -97,6 +109,10 @@ def _move(
         transition.save(force_insert=True)
     else:
         into.append(transition)
+    # Any move ends the question a person was asked (an UNKNOWN settled, or a new one for the
+    # reconciler first), and a verdict from anyone but a trace is not an unverified trace's.
+    op.needs_person = False
+    op.unverified = False
     if to == S.UNKNOWN:
         # A new period of not knowing: reconciliation starts over (its own attempts and backoff).
         op.unknown_since = timezone.now()
@@ -127,19 +143,25 @@ def operation_claim(
     lease_s: float,
     run_id: str = "",
     step_id: str = "",
+    attempt_id: str = "",
 ) -> ClaimAnswer:
-    """Claim `key` to execute it, or learn what became of it."""
+    """Claim `key` to execute it (a new attempt), or learn what became of it.
+
+    attempt_id: the client's id of this attempt. The same attempt_id asking again while its lease
+    is live gets that lease back (its first answer was lost: it cannot have executed without it);
+    any other claim of a RUNNING key under a live lease waits, the same worker_id included.
+    """
     lease_s = min(max(lease_s, 1.0), MAX_LEASE_S)
     fp = fingerprint(args)
     now = timezone.now()
     expires = now + timedelta(seconds=lease_s)
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
         # The common case, a new key, in one statement and one round trip (autocommit).
-        op = _insert_claimed(tenant, key, tool, args, fp, worker_id, expires, step_id, now)
+        op = _insert_claimed(tenant, key, tool, args, fp, worker_id, expires, step_id, now, attempt_id)
         if op is not None:
             return ClaimAnswer("execute", op)
     with transaction.atomic():
-        inserted = _insert(tenant, key, tool, args, fp, worker_id, expires, step_id)
+        inserted = _insert(tenant, key, tool, args, fp, worker_id, expires, step_id, attempt_id)
         op = Operation.objects.select_for_update().get(tenant=tenant, operation_key=key)
         if inserted:
             OperationTransition.objects.create(
@@ -156,27 +178,46 @@ def operation_claim(
             return ClaimAnswer(
                 "conflict", op, 422, extra={"stored_fingerprint": op.fingerprint, "fingerprint": fp}
             )
+        if op.unverified and op.status in (S.SUCCEEDED, S.FAILED, S.RETRYABLE_FAILED):
+            # Only a trace of a key without the ledger scope says so: evidence for a person or the
+            # reconciler, never a verdict this claim acts on (ingest-only keys cannot plant results).
+            traced = op.status
+            _move(
+                op,
+                S.UNKNOWN,
+                actor=Actor.SYSTEM,
+                note=(
+                    f"traced as {traced} through an API key without the ledger scope: evidence, "
+                    "not a verdict; reconcile it before it runs again"
+                ),
+                evidence={"traced_status": traced},
+            )
+            op.save()
+            return ClaimAnswer("reconcile", op, 409)
         if op.status in (S.PENDING, S.RETRYABLE_FAILED):
             _move(op, S.RUNNING, actor=Actor.WORKER, actor_id=worker_id, note="claimed again")
-            op.lease_owner, op.lease_expires_at, op.attempts = (
+            op.lease_owner, op.lease_expires_at, op.attempts, op.attempt_id = (
                 worker_id,
                 now + timedelta(seconds=lease_s),
                 op.attempts + 1,
+                attempt_id,
             )
             op.save()
             return ClaimAnswer("execute", op)
-        if not (op.status == S.RUNNING and op.lease_owner == worker_id):
-            metrics.dedupe_hit(op)
+        lease_live = op.status == S.RUNNING and op.lease_expires_at is not None and op.lease_expires_at > now
+        same_attempt = lease_live and bool(attempt_id) and op.attempt_id == attempt_id
+        if same_attempt:
+            # The attempt asks again: its first answer was lost on the way (it cannot have executed
+            # without it). The same lease, not a wait on itself until it expires.
+            return ClaimAnswer("execute", op)
+        metrics.dedupe_hit(op)
         if op.status == S.SUCCEEDED:
             return ClaimAnswer("reuse", op)
         if op.status == S.FAILED:
             return ClaimAnswer("failed", op)
         if op.status == S.RUNNING:
-            if op.lease_expires_at and op.lease_expires_at > now and op.lease_owner == worker_id:
-                # The holder asks again: its first answer was lost on the way (it cannot have
-                # executed without it). The same lease, not a wait on itself until it expires.
-                return ClaimAnswer("execute", op)
-            if op.lease_expires_at and op.lease_expires_at > now:
+            if lease_live:
+                # Another attempt holds it, whoever sends this one (two threads share a worker_id).
                 metrics.lease_contention(op)
                 return ClaimAnswer(
                     "wait", op, 409, retry_after=round((op.lease_expires_at - now).total_seconds(), 3)
@@ -189,7 +230,15 @@ def operation_claim(
 
 
 def _new_row(
-    tenant: Tenant, key: str, tool: str, args: dict, fp: str, owner: str, expires: datetime, step_id: str
+    tenant: Tenant,
+    key: str,
+    tool: str,
+    args: dict,
+    fp: str,
+    owner: str,
+    expires: datetime,
+    step_id: str,
+    attempt_id: str,
 ) -> dict[str, Any]:
     now = timezone.now()
     return {
@@ -202,6 +251,7 @@ def _new_row(
         "lease_owner": owner,
         "lease_expires_at": expires,
         "attempts": 1,
+        "attempt_id": attempt_id,
         "external_request_id": "",
         "result_digest": "",
         "error_class": "",
@@ -210,6 +260,7 @@ def _new_row(
         "step_id": step_id,
         "executions": 0,
         "needs_person": False,
+        "unverified": False,
         "reconcile_attempts": 0,
         "created_at": now,
         "updated_at": now,
@@ -217,11 +268,19 @@ def _new_row(
 
 
 def _insert(
-    tenant: Tenant, key: str, tool: str, args: dict, fp: str, owner: str, expires: datetime, step_id: str
+    tenant: Tenant,
+    key: str,
+    tool: str,
+    args: dict,
+    fp: str,
+    owner: str,
+    expires: datetime,
+    step_id: str,
+    attempt_id: str,
 ) -> bool:
     """INSERT ... ON CONFLICT DO NOTHING: True when this caller created the operation (and owns it)."""
     table = Operation._meta.db_table
-    values = _new_row(tenant, key, tool, args, fp, owner, expires, step_id)
+    values = _new_row(tenant, key, tool, args, fp, owner, expires, step_id, attempt_id)
     columns = ", ".join(values)
     cast = "::jsonb" if connection.vendor == "postgresql" else ""
     placeholders = ", ".join(f"%s{cast}" if name == "args" else "%s" for name in values)
@@ -250,10 +309,11 @@ def _insert_claimed(
     expires: datetime,
     step_id: str,
     now: datetime,
+    attempt_id: str,
 ) -> Operation | None:
     """PostgreSQL: the new operation and its first transition in one statement; None when the key
     exists already (the caller then takes the locked path)."""
-    values = _new_row(tenant, key, tool, args, fp, owner, expires, step_id)
+    values = _new_row(tenant, key, tool, args, fp, owner, expires, step_id, attempt_id)
     placeholders = ", ".join("%s::jsonb" if name == "args" else "%s" for name in values)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -272,13 +332,20 @@ def _insert_claimed(
 
 
 def _complete_succeeded(
-    tenant: Tenant, key: str, worker_id: str, result_json: str, digest: str, external_request_id: str
+    tenant: Tenant,
+    key: str,
+    worker_id: str,
+    attempt: int | None,
+    result_json: str,
+    digest: str,
+    external_request_id: str,
 ) -> Operation | None:
     """PostgreSQL: the lease holder's success in one statement (update + transition); None when the
-    operation is not RUNNING under this worker's lease (the caller then takes the locked path)."""
+    operation is not RUNNING under this worker's lease and attempt (the caller then takes the
+    locked path, which says why)."""
     now = timezone.now()
     returned = (
-        "id, operation_key, tool, status, fingerprint, attempts, lease_owner, lease_expires_at, "
+        "id, operation_key, tool, status, fingerprint, attempts, attempt_id, lease_owner, lease_expires_at, "
         "external_request_id, error_class, needs_person, reconcile_attempts, created_at, updated_at"
     )
     with connection.cursor() as cursor:
@@ -287,6 +354,7 @@ def _complete_succeeded(
             "result_digest = %s, external_request_id = COALESCE(NULLIF(%s, ''), external_request_id), "
             "lease_expires_at = NULL, updated_at = %s "
             "WHERE tenant_id = %s AND operation_key = %s AND status = %s AND lease_owner = %s "
+            "AND attempts = COALESCE(%s::integer, attempts) "
             f"RETURNING {returned}), "
             f"tr AS (INSERT INTO {OperationTransition._meta.db_table} ({_TRANSITION_COLUMNS}) "
             "SELECT id, %s, %s, %s, %s, '', '{}'::jsonb, %s FROM upd) "
@@ -301,6 +369,7 @@ def _complete_succeeded(
                 key,
                 S.RUNNING,
                 worker_id,
+                attempt,
                 S.RUNNING,
                 S.SUCCEEDED,
                 Actor.WORKER,
@@ -327,7 +396,60 @@ def _lease_expired(op: Operation) -> None:
 
 
 class NotLeaseHolder(Exception):
-    pass
+    """A completion, renewal or release by someone who does not hold the operation's attempt."""
+
+    code = "not_lease_holder"
+
+    def __init__(self, message: str, *, operation: Operation | None = None) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.current_attempt = operation.attempts if operation is not None else None
+        self.status = operation.status if operation is not None else ""
+
+
+class StaleAttempt(NotLeaseHolder):
+    """A fencing token (attempt number) that is not the operation's latest attempt."""
+
+    code = "stale_attempt"
+
+
+def _holds(op: Operation, worker_id: str, attempt: int | None) -> bool:
+    """Whether (worker_id, attempt) is the operation's latest attempt; a client that sends no
+    attempt (from before fencing tokens) is judged by its worker_id alone."""
+    return op.lease_owner == worker_id and (attempt is None or op.attempts == attempt)
+
+
+def _refusal(
+    op: Operation, *, what: str, worker_id: str, attempt: int | None, **evidence: Any
+) -> NotLeaseHolder:
+    """The refusal of `what` (complete, renew) by a non-holder, recorded in the operation's history
+    (from and to its unchanged status): a stale attempt still at work is worth knowing about. Not
+    recorded: the current attempt's renewal once its operation settled (a heartbeat that was in
+    flight when its own completion landed)."""
+    stale = attempt is not None and attempt != op.attempts
+    if stale:
+        error: NotLeaseHolder = StaleAttempt(
+            f"attempt {attempt} is not the operation's current attempt {op.attempts} "
+            f"({op.operation_key}: {op.status}): {worker_id} cannot {what} it with a stale fencing token",
+            operation=op,
+        )
+    else:
+        error = NotLeaseHolder(
+            f"{op.operation_key}: {op.status}, lease held by {op.lease_owner or 'nobody'} "
+            f"(attempt {op.attempts}); {worker_id} cannot {what} it",
+            operation=op,
+        )
+    if stale or what != "renew":
+        OperationTransition.objects.create(
+            operation=op,
+            from_status=op.status,
+            to_status=op.status,
+            actor=Actor.WORKER,
+            actor_id=worker_id,
+            note=f"refused: {error}",
+            evidence={"refused": what, "attempt": attempt, "current_attempt": op.attempts, **evidence},
+        )
+    return error
 
 
 def operation_complete(
@@ -340,60 +462,204 @@ def operation_complete(
     error_class: str = "",
     external_request_id: str = "",
     no_side_effect: bool = False,
+    attempt: int | None = None,
 ) -> Operation:
-    """The lease holder reports the outcome; the result is stored before anyone is answered."""
+    """The holder of the latest attempt reports the outcome; the result is stored before anyone is
+    answered. attempt: its fencing token (None: a client from before tokens, judged by worker_id).
+
+    Also taken: a late report of the attempt whose lease ran out (UNKNOWN since, and nobody decided
+    meanwhile), and a success that agrees with a SUCCEEDED someone else found meanwhile (kept as
+    it was). Anything else raises NotLeaseHolder (StaleAttempt for an older token), recorded.
+    """
     if outcome == "succeeded" and connection.vendor == "postgresql" and not connection.in_atomic_block:
         result_json = orjson.dumps(result).decode()
         digest = hashlib.sha256(result_json.encode()).hexdigest()
-        op = _complete_succeeded(tenant, key, worker_id, result_json, digest, external_request_id)
+        op = _complete_succeeded(tenant, key, worker_id, attempt, result_json, digest, external_request_id)
         if op is not None:
             return op
+    refused: NotLeaseHolder | None = None
     with transaction.atomic():
         op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
         if op is None:
             raise Operation.DoesNotExist(key)
-        late = op.status == S.UNKNOWN and op.lease_owner == worker_id and op.reconcile_attempts == 0
-        if not (op.status == S.RUNNING or late) or op.lease_owner != worker_id:
-            raise NotLeaseHolder(
-                f"{key}: {op.status}, lease held by {op.lease_owner or 'nobody'}; {worker_id} cannot complete it"
-            )
-        note = "late completion after the lease expired" if late else ""
-        if external_request_id:
-            op.external_request_id = external_request_id
-        if outcome == "succeeded":
-            op.result_json = orjson.dumps(result).decode()
-            op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
-            _move(op, S.SUCCEEDED, actor=Actor.WORKER, actor_id=worker_id, note=note)
-        elif outcome == "timeout":
-            if not late:
-                _move(
-                    op,
-                    S.UNKNOWN,
+        holder = _holds(op, worker_id, attempt)
+        # UNKNOWN because its lease ran out (a completion clears lease_expires_at, an expiry keeps it).
+        late = op.status == S.UNKNOWN and holder and op.lease_expires_at is not None
+        if op.status == S.SUCCEEDED and holder and attempt is not None and outcome == "succeeded":
+            last = op.history.order_by("-pk").first()
+            if last is not None and not (last.actor == Actor.WORKER and last.actor_id == worker_id):
+                OperationTransition.objects.create(
+                    operation=op,
+                    from_status=S.SUCCEEDED,
+                    to_status=S.SUCCEEDED,
                     actor=Actor.WORKER,
                     actor_id=worker_id,
-                    note="timed out: the effect may have happened",
+                    note=f"the holder's own report agrees: succeeded (attempt {attempt})",
+                    evidence={"attempt": attempt},
                 )
+            return op
+        if not ((op.status == S.RUNNING and holder) or late):
+            refused = _refusal(op, what="complete", worker_id=worker_id, attempt=attempt, outcome=outcome)
         else:
-            op.error_class = error_class or "other"
-            op.error = result
-            if op.error_class in NON_RETRYABLE:
-                _move(op, S.FAILED, actor=Actor.WORKER, actor_id=worker_id, note=note or "definitive error")
-            elif op.error_class in RETRYABLE and no_side_effect:
-                _move(
-                    op,
-                    S.RETRYABLE_FAILED,
-                    actor=Actor.WORKER,
-                    actor_id=worker_id,
-                    note="no side effect, may run again",
-                )
-            elif not late:
-                _move(
-                    op,
-                    S.UNKNOWN,
-                    actor=Actor.WORKER,
-                    actor_id=worker_id,
-                    note=f"{op.error_class} error; effect not ruled out",
-                )
+            _complete_apply(
+                op,
+                worker_id=worker_id,
+                late=late,
+                outcome=outcome,
+                result=result,
+                error_class=error_class,
+                external_request_id=external_request_id,
+                no_side_effect=no_side_effect,
+            )
+    if refused is not None:
+        raise refused  # after the commit: the refusal stays in the history
+    return op
+
+
+def _complete_apply(
+    op: Operation,
+    *,
+    worker_id: str,
+    late: bool,
+    outcome: str,
+    result: Any,
+    error_class: str,
+    external_request_id: str,
+    no_side_effect: bool,
+) -> None:
+    note = "late completion after the lease expired" if late else ""
+    if external_request_id:
+        op.external_request_id = external_request_id
+    if outcome == "succeeded":
+        op.result_json = orjson.dumps(result).decode()
+        op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
+        _move(op, S.SUCCEEDED, actor=Actor.WORKER, actor_id=worker_id, note=note)
+    elif outcome == "timeout":
+        if not late:
+            _move(
+                op,
+                S.UNKNOWN,
+                actor=Actor.WORKER,
+                actor_id=worker_id,
+                note="timed out: the effect may have happened",
+            )
+    else:
+        op.error_class = error_class or "other"
+        op.error = result
+        if op.error_class in NON_RETRYABLE:
+            _move(op, S.FAILED, actor=Actor.WORKER, actor_id=worker_id, note=note or "definitive error")
+        elif op.error_class in RETRYABLE and no_side_effect:
+            _move(
+                op,
+                S.RETRYABLE_FAILED,
+                actor=Actor.WORKER,
+                actor_id=worker_id,
+                note="no side effect, may run again",
+            )
+        elif not late:
+            _move(
+                op,
+                S.UNKNOWN,
+                actor=Actor.WORKER,
+                actor_id=worker_id,
+                note=f"{op.error_class} error; effect not ruled out",
+            )
+    op.lease_expires_at = None
+    op.save()
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A renewed lease: its holder, attempt (fencing token) and end."""
+
+    operation_key: str
+    status: str
+    owner: str
+    attempt: int
+    expires_at: datetime
+
+
+def operation_renew(*, tenant: Tenant, key: str, worker_id: str, attempt: int, lease_s: float) -> Lease:
+    """The holder of `attempt` is still at work: its lease runs `lease_s` from now.
+
+    A holder whose lease ran out meanwhile (UNKNOWN since, nobody decided) is RUNNING again: it is
+    alive, and a reconciler's "not done" must not license a second execution. Anything else raises
+    NotLeaseHolder (StaleAttempt for an older token), recorded in the history.
+    """
+    lease_s = min(max(lease_s, 1.0), MAX_LEASE_S)
+    now = timezone.now()
+    expires = now + timedelta(seconds=lease_s)
+    # The common case in one UPDATE: a renewal is not a transition (nothing is recorded).
+    renewed = Operation.objects.filter(
+        tenant=tenant, operation_key=key, status=S.RUNNING, lease_owner=worker_id, attempts=attempt
+    ).update(lease_expires_at=expires, updated_at=now)
+    if renewed:
+        return Lease(
+            operation_key=key, status=S.RUNNING, owner=worker_id, attempt=attempt, expires_at=expires
+        )
+    refused: NotLeaseHolder | None = None
+    with transaction.atomic():
+        op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
+        if op is None:
+            raise Operation.DoesNotExist(key)
+        if op.status == S.UNKNOWN and _holds(op, worker_id, attempt) and op.lease_expires_at is not None:
+            _move(
+                op,
+                S.RUNNING,
+                actor=Actor.WORKER,
+                actor_id=worker_id,
+                note=f"the holder renewed after its lease had run out: attempt {attempt} is still at work",
+                evidence={"attempt": attempt, "lease_expired_at": op.lease_expires_at.isoformat()},
+            )
+            op.lease_expires_at = expires
+            op.save()
+        else:
+            refused = _refusal(op, what="renew", worker_id=worker_id, attempt=attempt)
+    if refused is not None:
+        raise refused
+    return Lease(
+        operation_key=key, status=op.status, owner=op.lease_owner, attempt=op.attempts, expires_at=expires
+    )
+
+
+def operation_release(
+    *, tenant: Tenant, key: str, worker_id: str, attempt_id: str = "", attempt: int | None = None
+) -> Operation:
+    """The holder gives its claim back without having run the tool: no effect, it may run again
+    (RETRYABLE_FAILED), also once its lease ran out (UNKNOWN since, nobody decided).
+
+    A client whose claim got no answer in time knows only the attempt_id it sent: with it, the
+    claim that landed anyway never leaves an UNKNOWN for a person. Raises NotLeaseHolder when the
+    operation is not this attempt's (not recorded: the claim may have been answered `wait`).
+    """
+    if not attempt_id and attempt is None:
+        raise ValueError("attempt_id or attempt: which attempt gives its claim back")
+    with transaction.atomic():
+        op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
+        if op is None:
+            raise Operation.DoesNotExist(key)
+        mine = op.lease_owner == worker_id and (
+            (attempt is not None and op.attempts == attempt)
+            or (bool(attempt_id) and op.attempt_id == attempt_id)
+        )
+        if mine and op.status == S.RETRYABLE_FAILED:
+            return op  # given back already (a release sent again)
+        if not mine or not (
+            op.status == S.RUNNING or (op.status == S.UNKNOWN and op.lease_expires_at is not None)
+        ):
+            raise NotLeaseHolder(
+                f"{key}: {op.status}, attempt {op.attempts} of {op.lease_owner or 'nobody'}; "
+                f"{worker_id}'s attempt {attempt_id or attempt} has nothing to give back",
+                operation=op,
+            )
+        _move(
+            op,
+            S.RETRYABLE_FAILED,
+            actor=Actor.WORKER,
+            actor_id=worker_id,
+            note="released by its attempt before it ran: no effect, it may run again",
+            evidence={"attempt": op.attempts, "attempt_id": op.attempt_id},
+        )
         op.lease_expires_at = None
         op.save()
         return op
@@ -442,6 +708,8 @@ def operation_resolve(
     with transaction.atomic():
         op = Operation.objects.select_for_update().get(pk=operation.pk)
         _decidable(op, expected)
+        if to not in OPERATOR_TARGETS:
+            raise TransitionRefused(op, to)
         if external_reference:
             op.external_request_id = external_reference
         _move(
@@ -482,7 +750,7 @@ def operation_reconcile_now(*, operation: Operation, user: str, note: str, expec
             note=note,
             evidence={"requested": "reconciliation now"},
         )
-        reconciler = Reconciler.objects.filter(tool=op.tool).first()
+        reconciler = reconciler_for(op)
         now = timezone.now()
         if reconciler is None:
             op.needs_person = True
@@ -526,7 +794,11 @@ def reconcile_due(*, now: datetime | None = None, batch: int = 50, budget_s: flo
     """
     started = time.monotonic()
     asked = 0
-    reconcilers = {r.tool: r for r in Reconciler.objects.all()}
+    # A tenant's operations are asked of that tenant's reconcilers only (with its credentials).
+    reconcilers = {
+        (r.tenant_id, r.tool): r
+        for r in Reconciler.objects.filter(tenant__isnull=False).select_related("tenant")
+    }
     for _ in range(batch):
         if time.monotonic() - started > budget_s:
             break
@@ -540,7 +812,7 @@ def reconcile_due(*, now: datetime | None = None, batch: int = 50, budget_s: flo
             )
             if op is None:
                 break
-            reconciler = reconcilers.get(op.tool)
+            reconciler = reconcilers.get((op.tenant_id, op.tool))
             if reconciler is None:
                 op.needs_person = True
                 op.last_reconcile = {"answer": "no reconciler configured for this tool"}
@@ -552,19 +824,41 @@ def reconcile_due(*, now: datetime | None = None, batch: int = 50, budget_s: flo
     return asked
 
 
+def reconciler_for(op: Operation) -> Reconciler | None:
+    """The reconciler of the operation's tenant for its tool (another tenant's never)."""
+    return Reconciler.objects.filter(tenant_id=op.tenant_id, tool=op.tool).select_related("tenant").first()
+
+
+def _quiet_at(op: Operation, reconciler: Reconciler) -> datetime:
+    """When no attempt can still act: the end of the last lease (or the moment it became UNKNOWN,
+    when the holder itself reported) plus the reconciler's grace for requests still under way."""
+    base = op.lease_expires_at or op.unknown_since or timezone.now()
+    return base + timedelta(seconds=reconciler.grace_s)
+
+
 def _reconciled(
     op: Operation, reconciler: Reconciler, verdict: str, answer: dict[str, Any], now: datetime
 ) -> None:
     op.reconcile_attempts += 1
-    op.last_reconcile = {"at": now.isoformat(), "verdict": verdict, **answer}
+    op.last_reconcile = {"at": now.isoformat(), "verdict": verdict, "acted": verdict != "unknown", **answer}
     if verdict == "done":
         _move(
             op, S.SUCCEEDED, actor=Actor.RECONCILER, note="the downstream says it happened", evidence=answer
         )
-        if op.result_json is None and "body" in answer:
-            # The tool's own answer never came; the downstream's record of the effect is the best result.
-            op.result_json = orjson.dumps(answer["body"]).decode()
+        if op.result_json is None:
+            # The tool's own answer never came: the downstream's verdict and the fields the
+            # reconciler declares are the result (never the downstream's whole body).
+            record = {answer.get("field", reconciler.field): answer.get("value"), **answer.get("kept", {})}
+            op.result_json = orjson.dumps(record).decode()
             op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
+    elif verdict == "not_done" and now < (quiet := _quiet_at(op, reconciler)):
+        # True now, but the holder may still be running (or its request still on the way): not a
+        # licence to execute again. Asked again once nobody can act any more.
+        op.next_reconcile_at = quiet
+        op.last_reconcile.update(
+            acted=False,
+            note=f"not done yet, but an attempt may still act until {quiet:%Y-%m-%d %H:%M:%S} UTC: asked again then",
+        )
     elif verdict == "not_done":
         _move(
             op,
@@ -583,33 +877,43 @@ def _reconciled(
 
 
 def reconciler_ask(reconciler: Reconciler, op: Operation) -> tuple[str, dict[str, Any]]:
-    """('done' | 'not_done' | 'unknown', what the downstream answered)."""
-    if "{external_request_id}" in reconciler.url_template and not op.external_request_id:
-        if "{operation_key}" not in reconciler.url_template:
-            return "unknown", {"error": "no external_request_id to ask about"}
-    url = reconciler.url_template.replace(
-        "{operation_key}", urllib.request.quote(op.operation_key, safe="")
-    ).replace("{external_request_id}", urllib.request.quote(op.external_request_id, safe=""))
-    headers = dict(settings.LOOPWATCH_RECONCILER_HEADERS.get(reconciler.headers_name, {}))
-    headers.setdefault("Accept", "application/json")
-    request = urllib.request.Request(url, method=reconciler.method, headers=headers)
+    """('done' | 'not_done' | 'unknown', what the downstream answered, reduced to the verdict's field
+    and the reconciler's keep_fields). The request is the reconciler's tenant's, with its headers,
+    checked by ingest.downstream (no redirects, no private targets unless allowed, encoded ids)."""
     try:
-        with urllib.request.urlopen(request, timeout=reconciler.timeout_s) as response:
-            status, raw = response.status, response.read(1 << 20)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404 and reconciler.not_found_means_not_done:
-            return "not_done", {"url": url, "status": 404}
-        return "unknown", {"url": url, "status": exc.code}
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        return "unknown", {"url": url, "error": str(exc)[:300]}
+        target = target_for(
+            reconciler.url_template,
+            operation_key=op.operation_key,
+            external_request_id=op.external_request_id,
+        )
+    except Refused as exc:
+        return "unknown", {"error": f"not asked: {exc}"}
+    slug = reconciler.tenant.slug if reconciler.tenant_id else ""
+    headers = settings.LOOPWATCH_RECONCILER_HEADERS.get(slug, {}).get(reconciler.headers_name, {})
+    try:
+        status, raw = downstream_fetch(
+            target, method=reconciler.method, headers=headers, timeout=reconciler.timeout_s
+        )
+    except (OSError, http.client.HTTPException) as exc:
+        return "unknown", {"url": target.url, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    if 300 <= status < 400:
+        return "unknown", {"url": target.url, "status": status, "error": "a redirect is not followed"}
+    if status == 404 and reconciler.not_found_means_not_done:
+        return "not_done", {"url": target.url, "status": 404}
+    if not 200 <= status < 300:
+        return "unknown", {"url": target.url, "status": status}
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return "unknown", {"url": url, "status": status, "error": "answer is not JSON"}
-    value: Any = body
-    for part in reconciler.field.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    answer = {"url": url, "status": status, "field": reconciler.field, "value": value, "body": body}
+        return "unknown", {"url": target.url, "status": status, "error": "answer is not JSON"}
+    value = kept(body, [reconciler.field])[reconciler.field]
+    answer = {
+        "url": target.url,
+        "status": status,
+        "field": reconciler.field,
+        "value": value,
+        "kept": kept(body, reconciler.keep_fields),
+    }
     if value in reconciler.done_values:
         return "done", answer
     if value in reconciler.not_done_values:
@@ -661,6 +965,7 @@ _TRACE_FIELDS = [
     *("status", "lease_owner", "lease_expires_at", "attempts", "executions", "call_id"),
     *("external_request_id", "result_json", "result_digest", "error_class", "error"),
     *("unknown_since", "next_reconcile_at", "reconcile_attempts", "updated_at"),
+    *("needs_person", "unverified"),
 ]
 
 
@@ -708,7 +1013,7 @@ def trace_writes_record(*, steps: list[tuple[str, Any, Any]]) -> list[dict[str, 
                     )
                     continue
                 answers[i] = _trace_started(op, run, call, key, now, transitions)
-            elif op is None or not _trace_finished(op, run, call, transitions):
+            elif op is None or not _trace_finished(op, run, call, transitions, verified=_verified(run, call)):
                 continue
             op.updated_at = now
             changed[op.pk] = op
@@ -820,18 +1125,34 @@ def _trace_started(
     return duplicate
 
 
-def _trace_finished(op: Operation, run, call, transitions: list[OperationTransition]) -> bool:
+def _verified(run, call) -> bool:
+    """Whether a traced result came before any event of its run that a key without the ledger
+    scope sent (Run.unverified_from_seq): only then is it a ledger verdict."""
+    first = getattr(run, "unverified_from_seq", None)
+    return first is None or call.result_seq < first
+
+
+def _trace_finished(
+    op: Operation, run, call, transitions: list[OperationTransition], *, verified: bool = True
+) -> bool:
     """The result of a traced write: ok -> SUCCEEDED, timeout -> UNKNOWN, a definitive error ->
     FAILED, a transient one -> RETRYABLE_FAILED (a 503/429 answer: the service refused it), any
-    other error -> UNKNOWN (its effect is not ruled out). False when it changes nothing."""
+    other error -> UNKNOWN (its effect is not ruled out). False when it changes nothing.
+
+    Not `verified` (sent with a key without the ledger scope): the same status, for operators and
+    the duplicate-write detector, but marked unverified and without the result: a claim then gets
+    `reconcile`, never what an ingest-only key planted."""
     if op.status != S.RUNNING or op.lease_owner != TRACE_WORKER:
         return False  # claimed through the API meanwhile, or already settled: the API's account wins
     if call.external_request_id:
         op.external_request_id = call.external_request_id
-    evidence = {"run_id": run.run_id, "call_id": call.call_id}
+    evidence: dict[str, Any] = {"run_id": run.run_id, "call_id": call.call_id}
+    if not verified:
+        evidence["ledger_scope"] = False
     if call.result_status == "ok" and call.error_class not in NON_RETRYABLE:
-        op.result_json = orjson.dumps(call.result).decode()
-        op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
+        if verified:
+            op.result_json = orjson.dumps(call.result).decode()
+            op.result_digest = hashlib.sha256(op.result_json.encode()).hexdigest()
         _move(op, S.SUCCEEDED, actor=Actor.TRACE, actor_id=run.run_id, evidence=evidence, into=transitions)
     elif call.result_status == "timeout":
         _move(
@@ -861,4 +1182,5 @@ def _trace_finished(op: Operation, run, call, transitions: list[OperationTransit
             into=transitions,
         )
     op.lease_expires_at = None
+    op.unverified = not verified
     return True

@@ -121,6 +121,14 @@ class Run(models.Model):
     max_action = models.CharField(max_length=16, blank=True, default="")
     last_progress_step = models.PositiveIntegerField(default=0)
     detections_count = models.PositiveIntegerField(default=0)
+    unverified_from_seq = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "The first event stored through an API key without the ledger scope: the results of "
+            "traced writes from it on are evidence for operators, not ledger verdicts."
+        ),
+    )
     handoff = models.JSONField(
         null=True, blank=True, help_text="Set when the run was handed to a person: why, and what was tried."
     )
@@ -466,7 +474,16 @@ class Operation(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(
+        default=0,
+        help_text="Attempts granted so far; the latest one's number is its fencing token.",
+    )
+    attempt_id = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="The client's id of the latest attempt (a lost claim answer is asked for again with it).",
+    )
     external_request_id = models.CharField(max_length=500, blank=True, default="")
     # The first result as the JSON text it was stored as: every repeat gets these very bytes.
     result_json = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL: no result yet
@@ -481,6 +498,13 @@ class Operation(models.Model):
     step_id = models.CharField(max_length=200, blank=True, default="")
     executions = models.PositiveIntegerField(default=0, help_text="Times it was seen executing (traces).")
     needs_person = models.BooleanField(default=False)
+    unverified = models.BooleanField(
+        default=False,
+        help_text=(
+            "The status comes from a trace sent with a key without the ledger scope: evidence for "
+            "operators; a claim gets `reconcile`, never that result."
+        ),
+    )
     reconcile_attempts = models.PositiveIntegerField(default=0)
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
     last_reconcile = models.JSONField(null=True, blank=True, help_text="What the downstream answered last.")
@@ -534,23 +558,38 @@ class OperationTransition(models.Model):
 
 
 class Reconciler(models.Model):
-    """How to ask the downstream system whether an UNKNOWN write of a tool happened."""
+    """How to ask the downstream system whether an UNKNOWN write of a tenant's tool happened.
+
+    It belongs to a tenant, with that tenant's credentials: another tenant's operations never use
+    it. Staff configure reconcilers in the Django admin (they make the server send requests).
+    """
 
     class Method(models.TextChoices):
         GET = "GET"
         POST = "POST"
 
-    tool = models.CharField(max_length=200, unique=True)
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.CASCADE,
+        null=True,  # only rows from before reconcilers had a tenant: those are never used
+        related_name="reconcilers",
+        help_text="Whose operations it reconciles, with that tenant's credentials.",
+    )
+    tool = models.CharField(max_length=200)
     url_template = models.CharField(
         max_length=1000,
-        help_text="With {operation_key} and/or {external_request_id}, e.g. https://pay/api/refunds/{external_request_id}",
+        help_text=(
+            "http(s) URL with {operation_key} and/or {external_request_id} in its path or query, e.g. "
+            "https://pay.example/api/refunds/{external_request_id}. Private, loopback and link-local "
+            "hosts only when LOOPWATCH_RECONCILER_ALLOWED_HOSTS names them; redirects are not followed."
+        ),
     )
     method = models.CharField(max_length=4, choices=Method.choices, default=Method.GET)
     headers_name = models.CharField(
         max_length=100,
         blank=True,
         default="",
-        help_text="A name in LOOPWATCH_RECONCILER_HEADERS (secrets stay in settings).",
+        help_text="A name under this tenant's slug in LOOPWATCH_RECONCILER_HEADERS (secrets stay in settings).",
     )
     field = models.CharField(
         max_length=200, default="status", help_text="Dotted path of the answer's field, e.g. data.state"
@@ -562,18 +601,45 @@ class Reconciler(models.Model):
     not_found_means_not_done = models.BooleanField(
         default=False, help_text="A 404 answer proves it never happened."
     )
+    keep_fields = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            'Dotted paths of the answer kept besides the verdict, e.g. ["id"]; the rest of the '
+            "downstream's body is never stored or shown."
+        ),
+    )
     timeout_s = models.FloatField(default=5.0)
+    grace_s = models.FloatField(
+        default=30.0,
+        help_text=(
+            "After an attempt's lease ran out (or it timed out), how long its request may still land "
+            "downstream: a 'not done' before then is asked again later, never acted on."
+        ),
+    )
     max_attempts = models.PositiveIntegerField(default=8, help_text="Then the operation needs a person.")
     give_up_after_min = models.PositiveIntegerField(default=60, help_text="Or after this long UNKNOWN.")
 
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tool"], name="reconciler_tenant_tool_uniq"),
+        ]
+
     def __str__(self) -> str:
-        return self.tool
+        return f"{self.tenant.slug}:{self.tool}" if self.tenant_id else f"(no tenant, unused) {self.tool}"
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
 
-        if "{operation_key}" not in self.url_template and "{external_request_id}" not in self.url_template:
-            raise ValidationError({"url_template": "must contain {operation_key} or {external_request_id}"})
+        from ingest.downstream import url_template_problem
+
+        problem = url_template_problem(self.url_template)
+        if problem:
+            raise ValidationError({"url_template": problem})
         for name in ("done_values", "not_done_values"):
             if not isinstance(getattr(self, name), list):
                 raise ValidationError({name: "must be a JSON list of values"})
+        if not isinstance(self.keep_fields, list) or not all(
+            isinstance(f, str) and f for f in self.keep_fields
+        ):
+            raise ValidationError({"keep_fields": 'must be a JSON list of dotted paths, e.g. ["id"]'})

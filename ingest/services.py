@@ -142,8 +142,14 @@ def _rejected(index: int, field_name: str, reason: str) -> Verdict:
 _Valid = tuple[int, dict[str, Any], datetime, bytes]
 
 
-def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) -> IngestResult:
+def events_ingest(
+    *, tenant: Tenant, events: list[Any], max_event_bytes: int, ledger_scope: bool = True
+) -> IngestResult:
     """Validate a batch, store its valid events in one transaction, queue detection per run.
+
+    ledger_scope: whether the sender may give the ledger verdicts (an API key with the `ledger`
+    scope; offline tools may). Without it, the runs remember the first event it stored
+    (Run.unverified_from_seq): traced writes' results from there on are evidence, not verdicts.
 
     1. Validate each event; a bad one gets a `rejected` verdict and the others go on.
     2. In one transaction: create the runs that are new, lock every touched run (in pk order, so
@@ -185,7 +191,7 @@ def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) ->
 
     runs_touched: list[int] = []
     if valid:
-        runs_touched = _store_atomic(tenant, valid, verdicts)
+        runs_touched = _store_atomic(tenant, valid, verdicts, ledger_scope)
         transaction.on_commit(lambda: detection_enqueue(runs_touched), robust=True)
     return IngestResult(verdicts=[v for v in verdicts if v is not None], runs_touched=runs_touched)
 
@@ -194,7 +200,9 @@ def events_ingest(*, tenant: Tenant, events: list[Any], max_event_bytes: int) ->
 EVENT_ID_CONSTRAINT = "event_run_event_id_uniq"
 
 
-def _store_atomic(tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None]) -> list[int]:
+def _store_atomic(
+    tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None], ledger_scope: bool
+) -> list[int]:
     """_store() in a transaction (a savepoint inside another).
 
     On PostgreSQL the events go in first without looking for stored duplicates: the unique
@@ -206,12 +214,12 @@ def _store_atomic(tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | 
     if connection.vendor == "postgresql":
         try:
             with transaction.atomic():
-                return _store(tenant, valid, verdicts, check_stored=False)
+                return _store(tenant, valid, verdicts, check_stored=False, ledger_scope=ledger_scope)
         except Exception as exc:
             if not _is_event_id_conflict(exc):
                 raise
     with transaction.atomic():
-        return _store(tenant, valid, verdicts, check_stored=True)
+        return _store(tenant, valid, verdicts, check_stored=True, ledger_scope=ledger_scope)
 
 
 def _is_event_id_conflict(exc: BaseException) -> bool:
@@ -243,6 +251,7 @@ RUN_FIGURES = [
     "output_tokens",
     "cost_usd",
     "events_count",
+    "unverified_from_seq",
 ]
 JSON_FIGURES = ("budgets", "labels")
 # What only run_started (agent ... labels) and run_finished (status ... finished_at) set. On PostgreSQL
@@ -255,6 +264,9 @@ DESCRIPTION_FIGURES = (
 # latest event, the batch's last finish if any): the lock does not read them (Django's loader turns
 # each timestamp back into a datetime in Python: three quarters of the CPU of reading the runs).
 TIME_FIGURES = ("started_at", "finished_at", "last_event_at")
+# The first seq a key without the ledger scope stored: the UPDATE keeps the stored one when set
+# (the lock does not read it either; a batch sends its own first seq, or nothing).
+FIRST_FIGURES = ("unverified_from_seq",)
 
 
 class _RunRow:
@@ -262,8 +274,8 @@ class _RunRow:
 
     Read with one SELECT ... FOR UPDATE instead of model instances, which cost more CPU than the rest
     of the run's share of a batch. budgets and labels stay the stored JSON text, as orjson fragments
-    (written back as they are), until an event replaces them. The TIME_FIGURES start as None: they
-    hold the batch's own values, which the UPDATE merges with the stored ones.
+    (written back as they are), until an event replaces them. The TIME_FIGURES and FIRST_FIGURES
+    start as None: they hold the batch's own values, which the UPDATE merges with the stored ones.
     """
 
     __slots__ = ("pk", "run_id", *RUN_FIGURES)
@@ -299,9 +311,10 @@ class _RunRow:
         self.budgets = orjson.Fragment(budgets)
         self.labels = orjson.Fragment(labels)
         self.started_at = self.finished_at = self.last_event_at = None
+        self.unverified_from_seq = None
 
 
-assert set(_RunRow.LOCKED) | set(TIME_FIGURES) == set(_RunRow.__slots__)
+assert set(_RunRow.LOCKED) | set(TIME_FIGURES) | set(FIRST_FIGURES) == set(_RunRow.__slots__)
 
 
 def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run | _RunRow]:
@@ -357,7 +370,12 @@ def _insert_missing(model: type[models.Model], template: models.Model, key: str,
 
 
 def _store(
-    tenant: Tenant, valid: list[_Valid], verdicts: list[Verdict | None], *, check_stored: bool
+    tenant: Tenant,
+    valid: list[_Valid],
+    verdicts: list[Verdict | None],
+    *,
+    check_stored: bool,
+    ledger_scope: bool = True,
 ) -> list[int]:
     runs = _runs_lock(tenant, list(dict.fromkeys(item[1]["run_id"] for item in valid)))
     # Runs without events get their detection cursor (with the runs' update, in the same transaction).
@@ -384,6 +402,8 @@ def _store(
             verdicts[index] = {"index": index, "status": "duplicate"}
             continue
         seq = run.events_count = run.events_count + 1
+        if not ledger_scope and run.unverified_from_seq is None:
+            run.unverified_from_seq = seq
         kind = event["type"]
         rows.append((run_pk, seq, event_id, kind, ts, body))
         if _run_apply(run, event, ts):
@@ -426,6 +446,7 @@ def _run_statements() -> tuple[str, str]:
     # One statement for all the runs, their rows given as one JSON array read as rows of the table.
     merge = {"started_at": "LEAST(r.{0}, v.{0})", "last_event_at": "GREATEST(r.{0}, v.{0})"}
     merge.update((name, "COALESCE(v.{0}, r.{0})") for name in DESCRIPTION_FIGURES)
+    merge.update((name, "COALESCE(r.{0}, v.{0})") for name in FIRST_FIGURES)
     assignments = ", ".join(
         f'"{column[name]}" = ' + merge.get(name, "v.{0}").format(f'"{column[name]}"') for name in RUN_FIGURES
     )
@@ -701,7 +722,10 @@ PROCESS_CHUNK = 2000  # events per pass: bounds a task's memory and lock time on
 # A pass of several runs gives each chunk // runs events, but at least this many: fifty runs behind
 # still go 200 events a pass each, not 40.
 RUN_CHUNK_MIN = 200
-RUN_FIELDS = ("tenant_id", "backend", "model", "task_type", "run_id", "agent", "first_loop_seq")
+RUN_FIELDS = (
+    *("tenant_id", "backend", "model", "task_type", "run_id", "agent", "first_loop_seq"),
+    "unverified_from_seq",
+)
 
 _Events = list[tuple[int, str, datetime, dict]]
 
@@ -1296,17 +1320,22 @@ def _ledger_feed(writes: list[tuple[Run, list[ToolCall], list[ToolCall]]]) -> di
     """Traced writes go into the ledger; a key executed a second time is a duplicate side effect.
 
     writes: per run, in the pass's order, its new calls and the earlier calls answered now. The
-    ledger gets every run's steps in one call, in the order they were sent one at a time: a run's
-    starts, then its results.
+    ledger gets every run's steps in one call, each run's in the order of its events, as they would
+    have come one at a time: a retry after a 503 comes after that 503's result, whatever the
+    batching. A result stored before its call (joined when the call came) counts from the call on.
     """
     steps: list[tuple[str, Run, ToolCall]] = []
     for run, new_calls, answered in writes:
-        steps += [(TRACE_STARTED, run, call) for call in new_calls if call.kind == ToolCall.Kind.WRITE]
-        steps += [
-            (TRACE_FINISHED, run, call)
+        ordered: list[tuple[int, int, str, ToolCall]] = [
+            (call.seq, 0, TRACE_STARTED, call) for call in new_calls if call.kind == ToolCall.Kind.WRITE
+        ]
+        ordered += [
+            (max(call.seq, call.result_seq), 1, TRACE_FINISHED, call)
             for call in [*new_calls, *answered]
             if call.kind == ToolCall.Kind.WRITE and call.result_seq is not None
         ]
+        ordered.sort(key=operator.itemgetter(0, 1))
+        steps += [(kind, run, call) for _, _, kind, call in ordered]
     duplicates: dict[int, list[Detection]] = defaultdict(list)
     if not steps:
         return duplicates

@@ -2,7 +2,13 @@ from django.urls import path
 
 from ingest.api.events import EventsIngestApi
 from ingest.api.guard import RunCheckApi, RunHandoffAnswerApi
-from ingest.api.operations import OperationClaimApi, OperationCompleteApi, OperationDetailApi
+from ingest.api.operations import (
+    OperationClaimApi,
+    OperationCompleteApi,
+    OperationDetailApi,
+    OperationReleaseApi,
+    OperationRenewApi,
+)
 from ingest.api.runs import RunDetailApi, RunEventsApi, RunListApi
 
 urlpatterns = [
@@ -14,5 +20,7 @@ urlpatterns = [
     path("runs/<path:run_id>", RunDetailApi.as_view(), name="api-run"),
     path("operations/claim", OperationClaimApi.as_view(), name="api-operation-claim"),
     path("operations/<path:key>/complete", OperationCompleteApi.as_view(), name="api-operation-complete"),
+    path("operations/<path:key>/renew", OperationRenewApi.as_view(), name="api-operation-renew"),
+    path("operations/<path:key>/release", OperationReleaseApi.as_view(), name="api-operation-release"),
     path("operations/<path:key>", OperationDetailApi.as_view(), name="api-operation"),
 ]

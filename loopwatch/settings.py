@@ -191,8 +191,27 @@ def _env_json(name: str, default):
     return value
 
 
-# Headers for reconcilers' status checks, by name: {"payments": {"Authorization": "Bearer ..."}}
-LOOPWATCH_RECONCILER_HEADERS = _env_json("LOOPWATCH_RECONCILER_HEADERS", {})
+def _reconciler_headers(value: dict) -> dict:
+    """{"<tenant slug>": {"<name>": {"Header": "value"}}}: credentials belong to a tenant."""
+    shape = '{"<tenant slug>": {"<name>": {"Authorization": "Bearer ..."}}}'
+    for slug, names in value.items():
+        if isinstance(names, dict) and names and all(isinstance(v, str) for v in names.values()):
+            raise ImproperlyConfigured(
+                f"LOOPWATCH_RECONCILER_HEADERS: {slug!r} holds headers, but headers now belong to a "
+                f"tenant: {shape} (a reconciler of that tenant names them in headers_name)"
+            )
+        if not isinstance(names, dict) or not all(
+            isinstance(h, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in h.items())
+            for h in names.values()
+        ):
+            raise ImproperlyConfigured(f"LOOPWATCH_RECONCILER_HEADERS: {slug!r} must be shaped like {shape}")
+    return value
+
+
+# Headers for reconcilers' status checks, per tenant slug and name (docs/ledger.md).
+LOOPWATCH_RECONCILER_HEADERS = _reconciler_headers(_env_json("LOOPWATCH_RECONCILER_HEADERS", {}))
+# Hosts (names or addresses) a reconciler may ask although they are private, loopback or link-local.
+LOOPWATCH_RECONCILER_ALLOWED_HOSTS = env_list("LOOPWATCH_RECONCILER_ALLOWED_HOSTS", [])
 # Days to keep finished operations, per tool, "default" for the rest.
 LOOPWATCH_LEDGER_TTL_DAYS = _env_json("LOOPWATCH_LEDGER_TTL_DAYS", {"default": 30})
 if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DAYS.values()):

@@ -11,11 +11,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 API_PREFIX = "/api/v1"
-USER_AGENT = "loopwatch-client/0.2"
+USER_AGENT = "loopwatch-client/0.3"
+MIN_TIMEOUT_S = 0.01  # a deadline all but spent still gets one short try, never a blocking socket
 
 
 class TransportError(OSError):
-    """No answer: connection refused, reset, timed out, or a broken HTTP exchange."""
+    """No answer: connection refused, reset, timed out, or a broken HTTP exchange.
+
+    `may_have_landed` is False only when the request cannot have reached the server (the
+    connection was refused): after a timeout or a reset it may have been processed.
+    """
+
+    may_have_landed = True
 
 
 class Transport:
@@ -57,16 +64,28 @@ class Transport:
             local.conn, local.pid = conn, os.getpid()
         return conn
 
-    def request(self, method: str, path: str, data: bytes | None = None) -> tuple[int, dict[str, Any]]:
-        """(status, JSON object answered) for prefix + path; TransportError when there is no answer."""
+    def request(
+        self, method: str, path: str, data: bytes | None = None, *, timeout: float | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """(status, JSON object answered) for prefix + path; TransportError when there is no answer.
+
+        timeout: this request's limit in seconds (default: the transport's), for the connection and
+        for each wait on the socket: a caller with a deadline passes what is left of it.
+        """
         conn = self._connection()
+        limit = self.timeout if timeout is None else max(timeout, MIN_TIMEOUT_S)
+        conn.timeout = limit
+        if conn.sock is not None:
+            conn.sock.settimeout(limit)
         try:
             conn.request(method, self.prefix + path, body=data, headers=self._headers)
             response = conn.getresponse()
             raw = response.read()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise TransportError(f"{method} {self.prefix}{path}: {type(exc).__name__}: {exc}") from exc
+            error = TransportError(f"{method} {self.prefix}{path}: {type(exc).__name__}: {exc}")
+            error.may_have_landed = not isinstance(exc, ConnectionRefusedError)
+            raise error from exc
         if response.will_close:
             conn.close()
         try:

@@ -26,7 +26,11 @@ When loopwatch cannot answer the check (down, slow past `timeout`, or refusing i
 other) runs anyway — the agent must not stop because its watcher is down — and
 `stats["unavailable"]` counts it (with a warning in the log); after no answer, reads run unchecked
 for RETRY_CHECKS_AFTER_S without asking. A write raises LedgerUnavailable instead: without the
-ledger it could happen twice.
+ledger it could happen twice (and a claim that landed anyway is given back: nobody is left
+wondering whether it ran).
+
+`timeout` is the one deadline of a check, the flush of the run's buffered events included
+(docs/client.md).
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ UNAVAILABLE_LOG_EVERY_S = 10.0
 # After a check that got no answer, reads run unchecked this long without asking: an agent must
 # not pay a timeout per tool call while loopwatch is down.
 RETRY_CHECKS_AFTER_S = 5.0
+# The share of a check's deadline the flush of the run's buffered events may take: the check
+# itself keeps the rest.
+FLUSH_SHARE = 0.5
 KINDS = ("read", "write", "poll", "other")
 
 
@@ -70,7 +77,8 @@ class LoopDetected(LoopwatchError):
 
     `hint` is what to tell the model; `diagnosis` (terminate) is the structured reason, like
     {"terminated_by": "budget", "budget_type": "max_tool_calls", "limit": 50, "consumed": 50, ...};
-    `handoff` (handoff) what happened and what was tried; `detections` the engine's findings.
+    `handoff` (handoff) what happened and what was tried; `detections` the engine's findings;
+    `tool` and `tool_args` the call that was not run (`args` is the exception's own: its message).
     """
 
     def __init__(self, decision: Decision, *, tool: str, args: dict[str, Any]) -> None:
@@ -81,7 +89,7 @@ class LoopDetected(LoopwatchError):
         self.handoff = decision.handoff
         self.detections = decision.detections
         self.tool = tool
-        self.args = args
+        self.tool_args = args
 
 
 class HandoffRequested(LoopDetected):
@@ -126,9 +134,9 @@ class Guard:
     """Checks and traces the calls of decorated tools, for the run opened with `run()`.
 
     tracer: the Tracer to send events through (one is made for base_url/api_key when not given);
-    ledger: the LedgerClient for writes (likewise); timeout: seconds a check may take before the
-    call goes on unchecked (reads) or fails (writes); on_decision(tool, decision) sees every
-    answer (for logs and metrics).
+    ledger: the LedgerClient for writes (likewise); timeout: the deadline of a check in seconds,
+    the flush of the run's buffered events included, before the call goes on unchecked (reads)
+    or fails (writes); on_decision(tool, decision) sees every answer (for logs and metrics).
     """
 
     def __init__(
@@ -224,14 +232,19 @@ class Guard:
         ts: str | None = None,
         operation_key: str | None = None,
         lease_s: float | None = None,
+        attempt_id: str | None = None,
+        deadline: float | None = None,
     ) -> Decision:
         """loopwatch's decision about a call; raises LoopwatchError when there is no answer.
 
         The run's events still in the tracer's buffer are sent first (when loopwatch is answering):
-        the decision must see the result of the call before this one.
+        the decision must see the result of the call before this one. All of it by `deadline` (a
+        time.monotonic() value; default: `timeout` from now), the flush taking at most half.
+        attempt_id: a write's attempt (see LedgerClient.invoke_once).
         """
+        deadline = time.monotonic() + self._transport.timeout if deadline is None else deadline
         if self.tracer.healthy:
-            self.tracer.flush(timeout=self._transport.timeout)
+            self.tracer.flush(timeout=max(0.0, (deadline - time.monotonic()) * FLUSH_SHARE))
         body: dict[str, Any] = {"tool": tool, "kind": kind, "args": args, "ts": ts or now_ts()}
         if run.round:
             body["round"] = run.round
@@ -239,17 +252,24 @@ class Guard:
             body.update(
                 operation_key=operation_key, worker_id=self.ledger.worker_id, lease_s=lease_s or self.lease_s
             )
+            if attempt_id:
+                body["attempt_id"] = attempt_id
         try:
             data = json.dumps(body, default=str, allow_nan=False).encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise LoopwatchError(f"check {tool}: the arguments are not JSON: {exc}") from exc
         self._stats["checks"] += 1
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LedgerUnavailable(f"check {tool}: no time left before the deadline")
         try:
             status, answer = self._transport.request(
-                "POST", f"/runs/{quote(run.run_id, safe='')}/check", data
+                "POST", f"/runs/{quote(run.run_id, safe='')}/check", data, timeout=left
             )
         except TransportError as exc:
-            raise LedgerUnavailable(f"check {tool}: {exc}") from exc
+            unavailable = LedgerUnavailable(f"check {tool}: {exc}")
+            unavailable.may_have_landed = exc.may_have_landed
+            raise unavailable from exc
         if status != 200:
             detail = answer.get("detail") or answer.get("error") or "no detail"
             error = LedgerUnavailable if status >= 500 else LoopwatchError
@@ -390,10 +410,18 @@ class Guard:
         operation_key = key.format(**args) if isinstance(key, str) else key(args)  # type: ignore[misc]
         ts = now_ts()
 
-        def claim() -> Claim:
+        def claim(attempt_id: str, deadline: float) -> Claim:
             # The check is the claim: the engine may stop the write, else the ledger decides.
             decision = self.check(
-                run, tool, args, kind="write", ts=ts, operation_key=operation_key, lease_s=lease_s
+                run,
+                tool,
+                args,
+                kind="write",
+                ts=ts,
+                operation_key=operation_key,
+                lease_s=lease_s,
+                attempt_id=attempt_id,
+                deadline=deadline,
             )
             self._stats["write"] += 1
             stop = _STOPS.get(decision.decision)
@@ -424,7 +452,13 @@ class Guard:
             )
 
         return self.ledger.invoke_once(
-            operation_key, execute, args, tool=tool, lease_s=lease_s or self.lease_s, claim=claim
+            operation_key,
+            execute,
+            args,
+            tool=tool,
+            lease_s=lease_s or self.lease_s,
+            claim=claim,
+            claim_timeout=self._transport.timeout,
         )
 
     def _unavailable(self, tool: str, exc: Exception) -> None:

@@ -155,7 +155,9 @@ class Tracer:
             return True
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is buffered (up to timeout), then stop; what is left is counted as dropped."""
+        """Send what is buffered, then stop, all within `timeout` seconds; what is left is counted
+        as dropped (a batch still in flight then is the sender thread's, a daemon)."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self._closed:
                 return
@@ -169,7 +171,7 @@ class Tracer:
                 self._drop_locked(left, "tracer closed before they were sent")
             self._stop.set()
             self._wake.notify()
-        self._thread.join(timeout=max(0.1, min(timeout, self._transport.timeout + 0.5)))
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._transport.close()
 
     # --- the sender thread -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboards.models import Membership
+from ingest.ledger import reconciler_for
 from ingest.models import Operation, Reconciler, Run, Tenant
 
 S = Operation.Status
@@ -115,7 +116,7 @@ def open_since(op: Operation) -> datetime | None:
 
 
 def operation_reconciler(*, op: Operation) -> Reconciler | None:
-    return Reconciler.objects.filter(tool=op.tool).first()
+    return reconciler_for(op)
 
 
 def user_tenants_with_roles(*, user) -> list[tuple[Tenant, str]]:

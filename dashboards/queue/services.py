@@ -24,7 +24,12 @@ def queue_decide(
         op = operation_reconcile_now(operation=operation, user=who, note=note, expected=shown_status)
         answer = op.last_reconcile or {}
         if op.status == Operation.Status.UNKNOWN:
-            detail = answer.get("answer") or answer.get("error") or f"answer {answer.get('status', '?')}"
+            detail = (
+                answer.get("note")
+                or answer.get("answer")
+                or answer.get("error")
+                or f"answer {answer.get('status', '?')}"
+            )
             return Decided(op, f"Asked the downstream: no definite answer ({detail}); still UNKNOWN.")
         return Decided(op, f"Asked the downstream: {answer.get('verdict', '?')} → {op.status}.")
     label, to = ACTIONS[action]

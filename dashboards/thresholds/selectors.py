@@ -189,8 +189,9 @@ def kind_modes(
     ]
 
 
-def reconcilers_by_tool(*, names: list[str]) -> dict[str, Reconciler]:
-    return {r.tool: r for r in Reconciler.objects.filter(tool__in=names)}
+def reconcilers_by_tool(*, tenant: Tenant, names: list[str]) -> dict[str, Reconciler]:
+    """The tenant's reconcilers of these tools (another tenant's are not even shown)."""
+    return {r.tool: r for r in Reconciler.objects.filter(tenant=tenant, tool__in=names)}
 
 
 def config_changes(*, tenant: Tenant, limit: int = 50) -> QuerySet[ConfigChange]:

@@ -141,7 +141,7 @@ def tenant_index(request, slug: str):
             "min_verdicts": MIN_VERDICTS,
             "precision_floor": PRECISION_FLOOR,
             "tools": [{"row": t, "overridden": t.tenant_id is None and t.name in overridden} for t in tools],
-            "reconcilers": reconcilers_by_tool(names=[t.name for t in tools]),
+            "reconcilers": reconcilers_by_tool(tenant=tenant, names=[t.name for t in tools]),
             "changes": _changes(tenant, HISTORY_ON_INDEX),
         },
     )
@@ -400,7 +400,7 @@ def tool_edit(request, slug: str, pk: int | None = None):
             "form": form,
             "errors": named_errors(form) if form.is_bound else [],
             "shared": shared,
-            "reconciler": reconcilers_by_tool(names=[name]).get(name) if name else None,
+            "reconciler": reconcilers_by_tool(tenant=tenant, names=[name]).get(name) if name else None,
             "preview": preview,
         },
         status=status,

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from ingest.api.errors import ApiError
 from ingest.auth import HasIngestScope
+from ingest.models import ApiKey
 from ingest.services import EventTooLarge, IngestResult, events_ingest
 
 JSON_TYPES = ("application/json", "")
@@ -74,14 +75,18 @@ def check_batch_size(events: list[Any]) -> None:
         )
 
 
-def ingest_batch(*, tenant, events: list[Any]) -> IngestResult:
-    """Validate and store; NDJSON lines that were not JSON come back as rejected verdicts."""
+def ingest_batch(*, tenant, events: list[Any], ledger_scope: bool) -> IngestResult:
+    """Validate and store; NDJSON lines that were not JSON come back as rejected verdicts.
+    ledger_scope: whether the sending key also has the `ledger` scope (see events_ingest)."""
     bad = {i: e.reason for i, e in enumerate(events) if isinstance(e, _BadLine)}
     if bad:
         events = [None if isinstance(e, _BadLine) else e for e in events]
     try:
         result = events_ingest(
-            tenant=tenant, events=events, max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES
+            tenant=tenant,
+            events=events,
+            max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES,
+            ledger_scope=ledger_scope,
         )
     except EventTooLarge as exc:
         raise ApiError(
@@ -158,7 +163,11 @@ class EventsIngestApi(APIView):
             raise ApiError(413, "body_too_large", f"body: over the limit of {limit} bytes", field="body")
         events = parse_batch(body, request.META.get("CONTENT_TYPE", ""))
         check_batch_size(events)
-        result = ingest_batch(tenant=request.user.tenant, events=events)
+        result = ingest_batch(
+            tenant=request.user.tenant,
+            events=events,
+            ledger_scope=ApiKey.Scope.LEDGER in request.auth.scopes,
+        )
         payload = result.as_dict()
         code = status.HTTP_200_OK
         if payload["rejected"]:

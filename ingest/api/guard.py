@@ -37,6 +37,7 @@ FIELDS = (
     "step_id",
     "worker_id",
     "lease_s",
+    "attempt_id",
     "require_run",
 )
 DECISIONS = (
@@ -64,6 +65,11 @@ class CheckInput(serializers.Serializer):
     worker_id = serializers.CharField(max_length=200, required=False, help_text="Required for a write.")
     lease_s = serializers.FloatField(
         min_value=1, max_value=MAX_LEASE_S, required=False, default=DEFAULT_LEASE_S
+    )
+    attempt_id = serializers.CharField(
+        max_length=200,
+        required=False,
+        help_text="A write: the client's id of this attempt (asked again with it, a lost answer's lease comes back).",
     )
     require_run = serializers.BooleanField(
         required=False, default=False, help_text="404 when the run is not known."
@@ -122,6 +128,9 @@ def parse_check(body: bytes, *, run_id: str) -> tuple[ProposedCall, bool]:
     worker_id = data.get("worker_id", "")
     if not isinstance(worker_id, str) or len(worker_id) > 200:
         raise _bad("worker_id", "must be a string of at most 200 characters")
+    attempt_id = data.get("attempt_id", "")
+    if not isinstance(attempt_id, str) or len(attempt_id) > 200:
+        raise _bad("attempt_id", "must be a string of at most 200 characters")
     lease_s = data.get("lease_s", DEFAULT_LEASE_S)
     if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not 1 <= lease_s <= MAX_LEASE_S:
         raise _bad("lease_s", f"must be a number of seconds from 1 to {MAX_LEASE_S}")
@@ -138,6 +147,7 @@ def parse_check(body: bytes, *, run_id: str) -> tuple[ProposedCall, bool]:
         step_id=data.get("step_id", ""),
         worker_id=worker_id,
         lease_s=float(lease_s),
+        attempt_id=attempt_id,
     )
     return call, require_run
 

@@ -1,4 +1,5 @@
-"""The ledger API for agent runtimes (ledger scope): claim, complete, look up."""
+"""The ledger API for agent runtimes (ledger scope): claim, renew, complete, release, look up
+(docs/ledger.md)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from ingest.ledger import (
     operation_claim,
     operation_complete,
     operation_key_for,
+    operation_release,
+    operation_renew,
 )
 from ingest.models import Operation
 
@@ -43,6 +46,7 @@ def operation_state(op: Operation, *, history: bool = False) -> dict[str, Any]:
         "status": op.status,
         "fingerprint": op.fingerprint,
         "attempts": op.attempts,
+        "attempt_id": op.attempt_id,
         "lease_owner": op.lease_owner,
         "lease_expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
         "external_request_id": op.external_request_id,
@@ -78,10 +82,21 @@ class ClaimInput(FlatInput):
     lease_s = serializers.FloatField(
         required=False, default=DEFAULT_LEASE_S, min_value=1, max_value=MAX_LEASE_S
     )
+    attempt_id = serializers.CharField(
+        required=False,
+        max_length=200,
+        default="",
+        help_text="The client's id of this attempt (new per attempt): asked again with it after a lost "
+        "answer, the same lease comes back; without it, a second claim of a live lease waits.",
+    )
+
+
+ATTEMPT_HELP = "The fencing token: lease.attempt of the claim. Left out: checked by worker_id alone."
 
 
 class CompleteInput(FlatInput):
     worker_id = serializers.CharField(max_length=200)
+    attempt = serializers.IntegerField(required=False, min_value=0, allow_null=True, help_text=ATTEMPT_HELP)
     outcome = serializers.ChoiceField(choices=["succeeded", "failed", "timeout"])
     result = serializers.JSONField(required=False, allow_null=True)
     error_class = serializers.ChoiceField(
@@ -101,11 +116,53 @@ class CompleteInput(FlatInput):
     no_side_effect = serializers.BooleanField(required=False, default=False)
 
 
-class OperationClaimApi(APIView):
-    """Claim an operation to execute it, or learn what became of it.
+class RenewInput(FlatInput):
+    worker_id = serializers.CharField(max_length=200)
+    attempt = serializers.IntegerField(
+        min_value=0, help_text="The fencing token: lease.attempt of the claim."
+    )
+    lease_s = serializers.FloatField(
+        required=False, default=DEFAULT_LEASE_S, min_value=1, max_value=MAX_LEASE_S
+    )
 
-    200 execute / reuse (with the first result) / failed; 409 wait (live lease) / reconcile
-    (UNKNOWN: never executed again automatically); 422 the key with other arguments.
+
+class ReleaseInput(FlatInput):
+    worker_id = serializers.CharField(max_length=200)
+    attempt_id = serializers.CharField(required=False, max_length=200, default="")
+    attempt = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
+
+
+def lease_state(op: Operation) -> dict[str, Any]:
+    """The lease an `execute` hands out: its holder, fencing token (attempt) and end."""
+    return {
+        "owner": op.lease_owner,
+        "expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
+        "attempt": op.attempts,
+        "attempt_id": op.attempt_id,
+    }
+
+
+def _not_holder(exc: NotLeaseHolder, field: str) -> HttpResponse:
+    """409 with the API's error shape, plus where the operation stands (status, current_attempt)."""
+    return _json(
+        {
+            "error": exc.code,
+            "detail": f"{field}: {exc}",
+            "field": field,
+            "status": exc.status,
+            "current_attempt": exc.current_attempt,
+        },
+        409,
+    )
+
+
+class OperationClaimApi(APIView):
+    """Claim an operation to execute it (a new attempt, with its fencing token), or learn what
+    became of it.
+
+    200 execute (lease: owner, expires_at, attempt = the fencing token, attempt_id) / reuse (with
+    the first result) / failed; 409 wait (another attempt's live lease, whoever sends this claim) /
+    reconcile (UNKNOWN: never executed again automatically); 422 the key with other arguments.
     """
 
     permission_classes = [HasLedgerScope]
@@ -134,15 +191,12 @@ class OperationClaimApi(APIView):
             worker_id=data["worker_id"],
             lease_s=data["lease_s"],
             step_id=data.get("step_id", ""),
+            attempt_id=data["attempt_id"],
         )
         op = answer.operation
         payload: dict[str, Any] = {"decision": answer.decision, "operation_key": key, "status": op.status}
         if answer.decision == "execute":
-            payload["lease"] = {
-                "owner": op.lease_owner,
-                "expires_at": op.lease_expires_at.isoformat(),
-                "attempt": op.attempts,
-            }
+            payload["lease"] = lease_state(op)
         elif answer.decision == "reuse":
             response = _json(payload, raw_result=op.result_json or "null")
             metrics.result_reused(op, time.perf_counter() - started)
@@ -168,7 +222,9 @@ class OperationClaimApi(APIView):
 
 
 class OperationCompleteApi(APIView):
-    """The lease holder reports the outcome: succeeded, failed, or timeout (-> UNKNOWN)."""
+    """The holder of the latest attempt reports the outcome: succeeded, failed, or timeout
+    (-> UNKNOWN). 409 not_lease_holder / stale_attempt (recorded in the history) with the
+    operation's status and current_attempt."""
 
     permission_classes = [HasLedgerScope]
     parser_classes: list = []
@@ -192,15 +248,97 @@ class OperationCompleteApi(APIView):
                 error_class=data.get("error_class", ""),
                 external_request_id=data.get("external_request_id", ""),
                 no_side_effect=data["no_side_effect"],
+                attempt=data.get("attempt"),
             )
         except Operation.DoesNotExist:
             raise ApiError(
                 404, "not_found", f"key: no operation {key!r} for this API key's tenant", "key"
             ) from None
         except NotLeaseHolder as exc:
-            raise ApiError(409, "not_lease_holder", f"worker_id: {exc}", "worker_id") from None
+            return _not_holder(exc, "attempt" if exc.code == "stale_attempt" else "worker_id")
         except TransitionRefused as exc:
             raise ApiError(409, "transition_refused", str(exc), "outcome") from None
+        return _json(operation_state(op))
+
+
+class OperationRenewApi(APIView):
+    """The holder of an attempt is still at work: its lease runs lease_s more seconds from now.
+    A holder whose lease ran out (UNKNOWN since, nobody decided) is RUNNING again. 409
+    stale_attempt / not_lease_holder (recorded) when the attempt no longer holds the operation."""
+
+    permission_classes = [HasLedgerScope]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="operations_renew",
+        request=RenewInput,
+        responses={200: dict, 400: ErrorBody, 404: ErrorBody, 409: dict},
+    )
+    def post(self, request, key: str):
+        data = parse_input(RenewInput, request)
+        try:
+            lease = operation_renew(
+                tenant=request.user.tenant,
+                key=key,
+                worker_id=data["worker_id"],
+                attempt=data["attempt"],
+                lease_s=data["lease_s"],
+            )
+        except Operation.DoesNotExist:
+            raise ApiError(
+                404, "not_found", f"key: no operation {key!r} for this API key's tenant", "key"
+            ) from None
+        except NotLeaseHolder as exc:
+            return _not_holder(exc, "attempt" if exc.code == "stale_attempt" else "worker_id")
+        return _json(
+            {
+                "operation_key": key,
+                "status": lease.status,
+                "lease": {
+                    "owner": lease.owner,
+                    "expires_at": lease.expires_at.isoformat(),
+                    "attempt": lease.attempt,
+                },
+            }
+        )
+
+
+class OperationReleaseApi(APIView):
+    """An attempt gives its claim back without having run the tool (its claim's answer came too
+    late, say): RETRYABLE_FAILED, it may run again; also once its lease ran out. By attempt_id
+    (all a client whose claim got no answer knows) or attempt. 409 when it is not that attempt's."""
+
+    permission_classes = [HasLedgerScope]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="operations_release",
+        request=ReleaseInput,
+        responses={200: dict, 400: ErrorBody, 404: ErrorBody, 409: dict},
+    )
+    def post(self, request, key: str):
+        data = parse_input(ReleaseInput, request)
+        if not data["attempt_id"] and data["attempt"] is None:
+            raise ApiError(
+                400,
+                "invalid",
+                "attempt_id: give it (or attempt): which attempt gives its claim back",
+                "attempt_id",
+            )
+        try:
+            op = operation_release(
+                tenant=request.user.tenant,
+                key=key,
+                worker_id=data["worker_id"],
+                attempt_id=data["attempt_id"],
+                attempt=data["attempt"],
+            )
+        except Operation.DoesNotExist:
+            raise ApiError(
+                404, "not_found", f"key: no operation {key!r} for this API key's tenant", "key"
+            ) from None
+        except NotLeaseHolder as exc:
+            return _not_holder(exc, "attempt_id")
         return _json(operation_state(op))
 
 

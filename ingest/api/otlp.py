@@ -12,6 +12,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.views import APIView
 
 from ingest.auth import HasIngestScope
+from ingest.models import ApiKey
 from ingest.otlp.service import otlp_traces_ingest
 from ingest.otlp.wire import (
     CONTENT_TYPES,
@@ -101,6 +102,7 @@ class OtlpTracesIngestApi(APIView):
             request=export,
             run_id_sources=settings.LOOPWATCH_OTLP_RUN_ID,
             max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES,
+            ledger_scope=ApiKey.Scope.LEDGER in request.auth.scopes,
         )
         if result.rejected:
             logger.info("otlp export for %s: %s", request.user.tenant.slug, result.message())

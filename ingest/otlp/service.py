@@ -49,7 +49,12 @@ class OtlpResult:
 
 
 def otlp_traces_ingest(
-    *, tenant: Tenant, request: Any, run_id_sources: tuple[str, ...], max_event_bytes: int
+    *,
+    tenant: Tenant,
+    request: Any,
+    run_id_sources: tuple[str, ...],
+    max_event_bytes: int,
+    ledger_scope: bool = True,
 ) -> OtlpResult:
     """Map an ExportTraceServiceRequest to trace events v1 and store them like a REST batch.
 
@@ -57,7 +62,7 @@ def otlp_traces_ingest(
     2. Plan each span's role and run; look up the runs already stored (their description and
        rounds so far) and the tenant's tool registry (the kind of each tool).
     3. Build the events (docs/otlp.md) and store them with events_ingest: one transaction,
-       duplicates by event_id, detection queued after the commit.
+       duplicates by event_id, detection queued after the commit (ledger_scope as there).
     """
     spans = spans_read(request)
     for span in spans:
@@ -89,7 +94,7 @@ def otlp_traces_ingest(
         plans, runs=runs, tool_kinds=tool_kinds(tenant=tenant, names=tools), max_event_bytes=max_event_bytes
     )
     result = OtlpResult(spans=len(spans))
-    statuses = _store(tenant, built, max_event_bytes)
+    statuses = _store(tenant, built, max_event_bytes, ledger_scope)
     for index, span in enumerate(spans):
         problem = built.refused.get(index)
         if problem is not None:
@@ -108,12 +113,16 @@ def otlp_traces_ingest(
     return result
 
 
-def _store(tenant: Tenant, built: Built, max_event_bytes: int) -> dict[int, dict[str, str]]:
+def _store(
+    tenant: Tenant, built: Built, max_event_bytes: int, ledger_scope: bool
+) -> dict[int, dict[str, str]]:
     """events_ingest the built events; per span index, its events' verdicts ({status: error})."""
     events, span_of = built.events, built.span_of
     while True:
         try:
-            outcome = events_ingest(tenant=tenant, events=events, max_event_bytes=max_event_bytes)
+            outcome = events_ingest(
+                tenant=tenant, events=events, max_event_bytes=max_event_bytes, ledger_scope=ledger_scope
+            )
             break
         except EventTooLarge as exc:
             # The mapping checks sizes as ingest does, so this is a backstop: refuse that span, retry.

@@ -7,6 +7,7 @@ import http.client
 import http.server
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -22,12 +23,16 @@ def free_port() -> int:
 class Proxy:
     """Forwards requests to the live server. `lose_answers` requests are forwarded but their answer
     is never returned (the connection is closed: the client cannot know whether they landed);
-    `refuse` requests get a 503 without being forwarded. `requests` counts what came in."""
+    `hold_answers` requests are forwarded and answered only after `hold_s` (the client has timed
+    out meanwhile); `refuse` requests get a 503 without being forwarded. `requests` counts what
+    came in."""
 
     def __init__(self, upstream: str) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.lose_answers = 0
+        self.hold_answers = 0
+        self.hold_s = 0.0
         self.refuse = 0
         self.requests: list[str] = []
         self.lock = threading.Lock()
@@ -47,6 +52,8 @@ class Proxy:
                     proxy.refuse -= refuse
                     lose = not refuse and proxy.lose_answers > 0
                     proxy.lose_answers -= lose
+                    hold = not refuse and not lose and proxy.hold_answers > 0
+                    proxy.hold_answers -= hold
                 if refuse:
                     payload = b'{"error": "unavailable", "detail": "proxy: refused"}'
                     self.send_response(503)
@@ -64,6 +71,8 @@ class Proxy:
                 if lose:
                     self.close_connection = True
                     return
+                if hold:
+                    time.sleep(proxy.hold_s)
                 self.send_response(response.status)
                 for name, value in response.getheaders():
                     if name.lower() not in ("connection", "transfer-encoding", "content-length"):

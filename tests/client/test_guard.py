@@ -219,3 +219,21 @@ def test_arguments_that_are_not_json_run_unchecked_for_a_read(guard):
     with guard.run("r1"):
         assert measure(float("nan")) != measure(float("nan"))  # nan: ran, unchecked
     assert guard.stats["unavailable"] == 2 and guard.stats["checks"] == 0
+
+
+def test_loop_detected_reads_as_a_sentence_and_keeps_the_exceptions_args():
+    from loopwatch_client import Decision
+
+    stop = LoopDetected(
+        Decision("correct", hint="You asked this twice: use the result."),
+        tool="search_orders",
+        args={"customer": "42", "status": "open"},
+    )
+    assert str(stop) == "search_orders: correct: You asked this twice: use the result."
+    assert stop.args == (str(stop),)
+    assert stop.tool_args == {"customer": "42", "status": "open"}
+    assert (
+        RunTerminated(Decision("terminate", hint="over budget"), tool="t", args={})
+        .args[0]
+        .endswith("over budget")
+    )

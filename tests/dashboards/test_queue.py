@@ -129,9 +129,11 @@ class _Downstream:
 
 
 @pytest.fixture
-def downstream(db):
+def downstream(tenant, settings):
+    settings.LOOPWATCH_RECONCILER_ALLOWED_HOSTS = ["127.0.0.1"]
     server = _Downstream()
     Reconciler.objects.create(
+        tenant=tenant,
         tool="refund",
         url_template=f"http://127.0.0.1:{server.port}/status/{{operation_key}}",
         field="state",
@@ -225,7 +227,10 @@ def test_another_tenants_operation_is_not_found(client, tenant, other_tenant):
     assert Operation.objects.get().status == "UNKNOWN"
 
 
-def test_the_detail_page_shows_arguments_history_and_the_last_answer(client, tenant):
+def test_the_detail_page_shows_arguments_history_and_the_last_answer(client, tenant, other_tenant):
+    Reconciler.objects.create(  # another tenant's, for a tool of the same name: not ours, not shown
+        tenant=other_tenant, tool="refund", url_template="https://globex-internal.example/r/{operation_key}"
+    )
     op = _unknown(tenant)
     Operation.objects.filter(pk=op.pk).update(
         last_reconcile={"verdict": "unknown", "error": "connection refused"}
@@ -235,8 +240,15 @@ def test_the_detail_page_shows_arguments_history_and_the_last_answer(client, ten
     assert (
         "&quot;payment&quot;: &quot;p1&quot;" in page and "connection refused" in page and "timed out" in page
     )
-    assert "No reconciler is configured for refund" in page
+    assert "No reconciler is configured for refund" in page and "globex-internal" not in page
     assert "operators and admins decide" in page and 'id="decide-succeeded"' not in page
+
+
+def test_the_detail_page_shows_the_tenants_reconciler_and_its_grace(client, tenant, downstream):
+    op = _unknown(tenant)
+    client.force_login(_member(tenant, "ana", "viewer"))
+    page = client.get(f"/queue/{op.pk}/").content.decode()
+    assert f"127.0.0.1:{downstream.port}/status/" in page and "counts 30 s after the last lease ended" in page
 
 
 def test_a_viewer_cannot_decide(client, tenant):

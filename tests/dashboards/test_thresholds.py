@@ -272,13 +272,25 @@ def test_a_mode_is_set_in_the_form_like_any_threshold(tenant):
 def test_the_page_shows_shared_rows_as_inherited_and_the_tools_reconciler_read_only(client, tenant):
     ThresholdSet.objects.create(backend="openai", values={"repeat_tolerance": 5})
     ToolConfig.objects.create(name="refund", kind="write", core_args=["payment"])
-    Reconciler.objects.create(tool="refund", url_template="https://psp.example/refunds/{operation_key}")
+    Reconciler.objects.create(
+        tenant=tenant, tool="refund", url_template="https://psp.example/refunds/{operation_key}"
+    )
     client.force_login(_member(tenant, "vic", "viewer"))
     page = client.get(f"/thresholds/{tenant.slug}/?backend=openai").content.decode()
     assert "inherited: shared backend openai" in page and "shared (staff)" in page
     assert "https://psp.example/refunds/{operation_key}" in page and "only staff configure them" in page
     assert "override for" not in page and 'id="add-thresholds"' not in page  # a viewer reads only
     assert client.get("/thresholds/").headers["Location"] == f"/thresholds/{tenant.slug}/"
+
+
+def test_another_tenants_reconciler_is_not_shown(client, tenant, other_tenant):
+    ToolConfig.objects.create(name="refund", kind="write")  # a shared tool: both tenants see it
+    Reconciler.objects.create(
+        tenant=other_tenant, tool="refund", url_template="https://globex-internal.example/r/{operation_key}"
+    )
+    client.force_login(_member(tenant, "vic", "viewer"))
+    page = client.get(f"/thresholds/{tenant.slug}/").content.decode()
+    assert "refund" in page and "globex-internal" not in page
 
 
 def test_another_tenant_is_not_found(client, tenant, other_tenant):

@@ -68,15 +68,68 @@ def test_a_live_lease_means_wait_and_an_expired_one_unknown(api, key):
     assert Operation.objects.get().status == "UNKNOWN"
 
 
-def test_the_holder_asking_again_gets_its_own_lease_back_not_a_wait(api, key):
-    """A lost claim answer: the holder retries the claim and must not wait on itself."""
-    first = claim(api, key, lease_s=30).json()
-    again = claim(api, key, lease_s=30)
+def test_the_same_attempt_asking_again_gets_its_own_lease_back_not_a_wait(api, key):
+    """A lost claim answer: the attempt asks again with its attempt_id and must not wait on itself."""
+    first = claim(api, key, lease_s=30, attempt_id="a1").json()
+    assert first["lease"]["attempt"] == 1 and first["lease"]["attempt_id"] == "a1"
+    again = claim(api, key, lease_s=30, attempt_id="a1")
     assert again.status_code == 200 and again.json()["decision"] == "execute"
     assert again.json()["lease"] == first["lease"]  # the same lease and attempt, not a new one
-    assert claim(api, key, worker="w2").json()["decision"] == "wait"
-    assert complete(api, key, outcome="succeeded", result={"ok": 1}).json()["status"] == "SUCCEEDED"
+    assert (
+        complete(api, key, outcome="succeeded", result={"ok": 1}, attempt=1).json()["status"] == "SUCCEEDED"
+    )
     assert Operation.objects.get().history.count() == 2  # claimed, succeeded: nothing in between
+
+
+def test_a_second_claim_by_the_same_worker_waits(api, key):
+    """Two threads of one process share a worker_id: the second must not execute too."""
+    claim(api, key, lease_s=30, attempt_id="thread-1")
+    for other in ({"attempt_id": "thread-2"}, {}):  # another attempt, or a client sending none
+        waiting = claim(api, key, lease_s=30, **other)
+        assert waiting.status_code == 409 and waiting.json()["decision"] == "wait"
+
+
+def test_a_holder_renews_its_lease_and_a_stale_token_is_a_409_saying_so(api, key):
+    claim(api, key, lease_s=5, attempt_id="a1")
+    renewed = api.post(
+        "/api/v1/operations/order-42:place:v1/renew", {"worker_id": "w1", "attempt": 1, "lease_s": 60}, key
+    )
+    assert renewed.status_code == 200
+    lease = renewed.json()["lease"]
+    assert (
+        lease["attempt"] == 1 and lease["expires_at"] > (timezone.now() + timedelta(seconds=50)).isoformat()
+    )
+    stale = api.post("/api/v1/operations/order-42:place:v1/renew", {"worker_id": "w1", "attempt": 0}, key)
+    assert stale.status_code == 409
+    body = stale.json()
+    assert (body["error"], body["field"], body["current_attempt"], body["status"]) == (
+        "stale_attempt",
+        "attempt",
+        1,
+        "RUNNING",
+    )
+    assert "attempt 0" in body["detail"]
+    refused = complete(api, key, outcome="succeeded", result=1, attempt=2)
+    assert refused.status_code == 409 and refused.json()["error"] == "stale_attempt"
+    history = api.get("/api/v1/operations/order-42:place:v1", key).json()["history"]
+    assert [h["evidence"].get("refused") for h in history] == [None, "renew", "complete"]
+
+
+def test_a_claim_given_back_is_retryable(api, key):
+    claim(api, key, attempt_id="a1")
+    released = api.post(
+        "/api/v1/operations/order-42:place:v1/release", {"worker_id": "w1", "attempt_id": "a1"}, key
+    )
+    assert released.status_code == 200 and released.json()["status"] == "RETRYABLE_FAILED"
+    assert claim(api, key, attempt_id="a2").json()["decision"] == "execute"
+    wrong = api.post(
+        "/api/v1/operations/order-42:place:v1/release", {"worker_id": "w1", "attempt_id": "a1"}, key
+    )
+    assert wrong.status_code == 409 and wrong.json()["error"] == "not_lease_holder"
+    missing = api.post("/api/v1/operations/order-42:place:v1/release", {"worker_id": "w1"}, key)
+    assert missing.status_code == 400 and missing.json()["field"] == "attempt_id"
+    unknown = api.post("/api/v1/operations/nope/release", {"worker_id": "w1", "attempt_id": "a1"}, key)
+    assert unknown.status_code == 404
 
 
 def test_timeout_is_unknown_and_never_executed_again_automatically(api, key):
@@ -123,6 +176,7 @@ def test_only_the_lease_holder_completes(api, key):
     claim(api, key)
     response = complete(api, key, worker="intruder", outcome="succeeded", result=1)
     assert response.status_code == 409 and "w1" in response.json()["detail"]
+    assert response.json()["error"] == "not_lease_holder"
     assert complete(api, key, op="no-such-key", outcome="succeeded").status_code == 404
 
 
@@ -162,6 +216,10 @@ def test_history_records_every_transition(api, key):
         ({"args": {}, "worker_id": "w", "operation_key": "k"}, "tool"),
         ({"tool": "t", "args": {}, "operation_key": "k"}, "worker_id"),
         ({"tool": "t", "args": {}, "worker_id": "w", "operation_key": "k", "lease_s": 0}, "lease_s"),
+        (
+            {"tool": "t", "args": {}, "worker_id": "w", "operation_key": "k", "attempt_id": "x" * 201},
+            "attempt_id",
+        ),
     ],
 )
 def test_bad_claims_name_the_field(api, key, body, field):
@@ -206,7 +264,13 @@ def test_input_fields_are_copied_per_request_and_never_shared():
     assert set(bad.errors) == {"tool", "args", "lease_s"}
     good = ClaimInput(data={"tool": "t", "args": {"a": 1}, "worker_id": "w"})
     assert good.is_valid(), good.errors
-    assert good.validated_data == {"tool": "t", "args": {"a": 1}, "worker_id": "w", "lease_s": 60}
+    assert good.validated_data == {
+        "tool": "t",
+        "args": {"a": 1},
+        "worker_id": "w",
+        "lease_s": 60,
+        "attempt_id": "",
+    }
     # Each instance bound copies; the declared fields stay unbound for the next request.
     assert good.fields["tool"] is not bad.fields["tool"]
     assert all(

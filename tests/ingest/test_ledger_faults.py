@@ -11,14 +11,10 @@ it did: its own idempotency would keep that at one anyway).
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import inspect
 import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,10 +22,8 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import pytest
 from django.db import connection
@@ -46,10 +40,18 @@ from loopwatch_client import (
     PayloadConflict,
     StillRunning,
 )
-from tests.conftest import IN_CI
+from tests.ingest.ledger_live import (
+    ROOT,
+    Downstream,
+    DownstreamRejected,
+    DownstreamUnavailable,
+    args_for,
+    child_source,
+    collect,
+    downstream_tool,
+    uvicorn_serving,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-HOST = "127.0.0.1"
 TOOL = "charge_card"
 TOOL_TIMEOUT_S = 0.5  # the tool's own HTTP timeout; a "drop" fault answers after it
 DROP_S = 1.5
@@ -59,57 +61,6 @@ MANY_PER_PROCESS = 500  # keys each process invokes (plus MANY_REPEATS of its ow
 MANY_REPEATS = 50
 
 pytestmark = [pytest.mark.real_workers, pytest.mark.django_db(transaction=True)]
-
-
-# --- the tool, as an agent runtime wraps it (also run in the client processes: stdlib only) ---------
-
-
-class DownstreamUnavailable(Exception):
-    """503 or connection refused: the downstream did not take the request, so there was no effect."""
-
-    error_class = "transient"
-
-
-class DownstreamRejected(Exception):
-    """4xx: the downstream refused the arguments; running it again cannot help."""
-
-    error_class = "invalid_argument"
-
-
-def args_for(key: str) -> dict:
-    """The arguments of the operation `key`: the same in every process."""
-    return {"customer": f"cus-{key}", "amount_cents": 100 + sum(map(ord, key)) % 900, "currency": "EUR"}
-
-
-def downstream_tool(base_url: str, timeout: float, calls: list | None = None):
-    """charge(args, idempotency_key=...) -> the downstream's record; appends each key to `calls`."""
-
-    def charge(args: dict, *, idempotency_key: str) -> dict:
-        import json
-        import urllib.error
-        import urllib.request
-
-        if calls is not None:
-            calls.append(idempotency_key)
-        request = urllib.request.Request(
-            f"{base_url}/effects",
-            data=json.dumps(args).encode(),
-            method="POST",
-            headers={"Idempotency-Key": idempotency_key, "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 503:
-                raise DownstreamUnavailable(f"503 from {base_url}") from exc
-            raise DownstreamRejected(f"{exc.code} from {base_url}: {exc.read()[:200]!r}") from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, ConnectionRefusedError):
-                raise DownstreamUnavailable(f"{base_url} refused the connection") from exc
-            raise
-
-    return charge
 
 
 CHILD_MAIN = """
@@ -135,141 +86,16 @@ for key in cfg["keys"]:
 print(json.dumps({"invocations": out, "executed": executed, "worker_id": client.worker_id,
                   "django_loaded": "django" in sys.modules}))
 """
-CHILD = "\n".join(
-    [
-        "from __future__ import annotations",
-        *(
-            inspect.getsource(x)
-            for x in (DownstreamUnavailable, DownstreamRejected, args_for, downstream_tool)
-        ),
-        CHILD_MAIN,
-    ]
-)
+
+CHILD = child_source(CHILD_MAIN)
 
 
-# --- the downstream service -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-class Downstream:
-    """A payment-like service on a real port, with injectable faults.
-
-    POST /effects (Idempotency-Key): performs the effect once per key and answers its record; the
-    same key again answers the first record with no second effect. GET /status/<key>: {"state":
-    "done", ...record} or {"state": "not_found"}. Faults per key (`fault(key, mode, seconds)`):
-    drop (effect, then answer after `seconds`: the client has timed out), hold (effect, then wait
-    for `release`: the executor is killed meanwhile), black_hole (no effect, no answer for `seconds`), fail_before (503, no effect), reject (400,
-    no effect), status_hold (the status check of the key waits for `release`). `reached[key]` is
-    set when a hold is reached. stop()/start() take the whole service down and back on the same port.
-    """
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        self.lock = threading.Lock()
-        self.calls: Counter[str] = Counter()
-        self.effects: Counter[str] = Counter()
-        self.records: dict[str, dict] = {}
-        self.status_asks: Counter[str] = Counter()
-        self.faults: dict[str, tuple[str, float]] = {}
-        self.reached: dict[str, threading.Event] = {}
-        self.release = threading.Event()
-        self.server: ThreadingHTTPServer | None = None
-
-    def fault(self, key: str, mode: str | None, seconds: float = 0.0) -> None:
-        with self.lock:
-            if mode is None:
-                self.faults.pop(key, None)
-            else:
-                self.faults[key] = (mode, seconds)
-                self.reached.setdefault(key, threading.Event())
-
-    def start(self) -> None:
-        downstream = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                key = self.headers.get("Idempotency-Key", "")
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.path != "/effects" or not key:
-                    return self._answer(400, {"error": "POST /effects with an Idempotency-Key"})
-                with downstream.lock:
-                    downstream.calls[key] += 1
-                    mode, seconds = downstream.faults.get(key, ("", 0.0))
-                if mode == "fail_before":
-                    return self._answer(503, {"error": "unavailable"})
-                if mode == "reject":
-                    return self._answer(400, {"error": "card declined"})
-                if mode == "black_hole":
-                    time.sleep(seconds)
-                    return self._answer(503, {"error": "lost"})
-                with downstream.lock:
-                    if key not in downstream.records:  # honour the idempotency key
-                        downstream.effects[key] += 1
-                        downstream.records[key] = {
-                            "id": f"ch_{sum(downstream.effects.values()):06d}",
-                            "key": key,
-                            "amount_cents": json.loads(body).get("amount_cents"),
-                        }
-                    record = downstream.records[key]
-                if mode == "hold":
-                    downstream.reached[key].set()
-                    downstream.release.wait(30)
-                elif mode == "drop":
-                    time.sleep(seconds)
-                self._answer(200, record)
-
-            def do_GET(self) -> None:
-                if not self.path.startswith("/status/"):
-                    return self._answer(404, {"error": "no such path"})
-                key = unquote(self.path.removeprefix("/status/"))
-                with downstream.lock:
-                    downstream.status_asks[key] += 1
-                    record = downstream.records.get(key)
-                    mode, _ = downstream.faults.get(key, ("", 0.0))
-                if mode == "status_hold":
-                    downstream.reached[key].set()
-                    downstream.release.wait(30)
-                self._answer(200, {"state": "done", **record} if record else {"state": "not_found"})
-
-            def _answer(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                with contextlib.suppress(OSError):  # the client may have given up (a "drop")
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-
-        class Server(ThreadingHTTPServer):
-            block_on_close = False
-
-            def handle_error(self, request, client_address) -> None:
-                pass
-
-        self.release.clear()
-        self.server = Server((HOST, self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, name="downstream", daemon=True).start()
-
-    def stop(self) -> None:
-        """Down: the port is closed (connections are refused)."""
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-        self.release.set()
+# --- the downstream service and the live server ---------------------------------------------------
 
 
 @pytest.fixture
-def downstream() -> Iterator[Downstream]:
+def downstream(settings) -> Iterator[Downstream]:
+    settings.LOOPWATCH_RECONCILER_ALLOWED_HOSTS = ["127.0.0.1"]  # the reconciler asks it on loopback
     service = Downstream()
     service.start()
     yield service
@@ -277,9 +103,14 @@ def downstream() -> Iterator[Downstream]:
 
 
 @pytest.fixture
-def reconciler(downstream) -> Reconciler:
+def reconciler(tenant, downstream) -> Reconciler:
+    """No grace: a "not done" is acted on at once (test_ledger_attempts.py and test_reconcilers.py
+    show the grace), and the downstream's record is kept whole (keep_fields)."""
     return Reconciler.objects.create(
+        tenant=tenant,
         tool=TOOL,
+        keep_fields=["id", "key", "amount_cents"],
+        grace_s=0,
         url_template=f"{downstream.url}/status/{{operation_key}}",
         field="state",
         done_values=["done"],
@@ -288,74 +119,11 @@ def reconciler(downstream) -> Reconciler:
     )
 
 
-# --- the live loopwatch server --------------------------------------------------------------------
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    return (
-        f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-    )
-
-
 @pytest.fixture(scope="module")
 def live_server_url(django_db_setup, tmp_path_factory) -> Iterator[str]:
-    """uvicorn (2 workers) on the test database, REDIS_URL unset (Celery eager), DEBUG on."""
-    if connection.vendor != "postgresql":  # as the needs_postgres fixture, which is function-scoped
-        message = "needs PostgreSQL (DATABASE_URL=postgres://...)"
-        if IN_CI:
-            pytest.fail(f"{message}: CI must run on the real servers")
-        pytest.skip(message)
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": _database_url(), "DEBUG": "true", "LOG_LEVEL": "WARNING"}
-    env.pop("REDIS_URL", None)
-    log_path = tmp_path_factory.mktemp("uvicorn") / "uvicorn.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "uvicorn"),
-                "loopwatch.asgi:application",
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-                "--workers",
-                "2",
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"uvicorn exited:\n{log_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"uvicorn did not answer:\n{log_path.read_text()[-3000:]}"
-            conn = http.client.HTTPConnection(HOST, port, timeout=2)
-            with contextlib.suppress(OSError):
-                conn.request("GET", "/api/v1/operations/ping")
-                if conn.getresponse().status in (401, 403):  # up: it asks for a key
-                    break
-            conn.close()
-            time.sleep(0.2)
-        conn.close()
-        time.sleep(1.0)  # the second worker boots too
-        yield f"http://{HOST}:{port}"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # a worker the supervisor left behind
+    """uvicorn (2 workers) on the test database (one per module)."""
+    with uvicorn_serving(tmp_path_factory.mktemp("uvicorn") / "uvicorn.log") as (url, _):
+        yield url
 
 
 @pytest.fixture
@@ -407,17 +175,6 @@ def spawn_clients(live_server_url, api_key, downstream) -> Iterator:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
-
-
-def collect(procs: list[subprocess.Popen], timeout: float = 120) -> list[dict]:
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out))
-    for report in reports:
-        assert not report["django_loaded"], "loopwatch_client must not import Django"
-    return reports
 
 
 def history(key: str) -> list[tuple[str, str, str]]:

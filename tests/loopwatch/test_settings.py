@@ -77,6 +77,9 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_KEY_CACHE_S": "-1"}, "LOOPWATCH_KEY_CACHE_S"),
         ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+        # Headers belong to a tenant now: the old flat shape is refused, saying the new one.
+        ({"LOOPWATCH_RECONCILER_HEADERS": '{"payments": {"Authorization": "x"}}'}, "<tenant slug>"),
+        ({"LOOPWATCH_RECONCILER_HEADERS": '{"acme": ["x"]}'}, "LOOPWATCH_RECONCILER_HEADERS"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(env, named):
@@ -126,6 +129,11 @@ def test_the_embedded_mode_without_a_secret_makes_one_of_its_own_and_keeps_it():
     assert _setting("settings.SECRET_KEY") == first  # sessions survive a restart
     assert (ROOT / "var" / "secret-key").stat().st_mode & 0o077 == 0  # readable by its owner only
     assert _setting("settings.SECRET_KEY", SECRET_KEY="mine-" + "x" * 50) == repr("mine-" + "x" * 50)
+
+
+def test_reconciler_headers_per_tenant_start():
+    done = _start(LOOPWATCH_RECONCILER_HEADERS='{"acme": {"payments": {"Authorization": "Bearer x"}}}')
+    assert done.returncode == 0, done.stderr
 
 
 def test_env_helpers():
