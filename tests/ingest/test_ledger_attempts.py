@@ -321,4 +321,10 @@ def test_not_done_while_a_frozen_holder_may_still_run_is_no_licence_to_run_again
     assert (op.status, op.attempts) == ("SUCCEEDED", 1)
     statuses = [to for _, to, _ in _history(key)]
     assert "RETRYABLE_FAILED" not in statuses and statuses[:2] == ["RUNNING", "UNKNOWN"]
-    assert downstream.status_asks[key] >= 2  # "not done" first (not acted on), "done" after the grace
+    # "Not done" was asked first and not acted on; what settled it is either the reconciler asking
+    # again after the grace, or the thawed holder's own completion when it got there first (a busy
+    # machine can delay the reconciler's second question past the thaw).
+    settled_by = _history(key)[-1][2]
+    assert settled_by in ("reconciler", "worker")
+    if settled_by == "reconciler":
+        assert downstream.status_asks[key] >= 2
