@@ -51,6 +51,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
+    "ingest.api.errors.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "loopwatch.urls"

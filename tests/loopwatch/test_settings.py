@@ -94,9 +94,34 @@ def test_env_helpers():
         "6432",
         "name",
     )
-    assert db["OPTIONS"] == {"sslmode": "require", "pool": {"min_size": 1, "max_size": 8, "timeout": 30}}
+    assert db["OPTIONS"] == {
+        "sslmode": "require",
+        "connect_timeout": "3",
+        "pool": {"min_size": 1, "max_size": 8, "timeout": 3.0, "stall_s": 2.0},
+    }
     assert db["CONN_MAX_AGE"] == 0
     unpooled = database_from_url("DATABASE_URL", "postgres://h/n?pool=false&conn_max_age=30")
     assert "pool" not in unpooled["OPTIONS"] and unpooled["CONN_MAX_AGE"] == 30
     assert database_from_url("D", "sqlite:////tmp/x.db")["NAME"] == "/tmp/x.db"
     assert redis_url("R", "redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_database_url_outage_options():
+    """pool_timeout, stall_timeout and connect_timeout (docs/operations.md), checked at start-up."""
+    db = database_from_url(
+        "DATABASE_URL", "postgres://h/n?pool_timeout=1.5&stall_timeout=0&connect_timeout=5"
+    )
+    assert db["OPTIONS"] == {
+        "connect_timeout": "5",
+        "pool": {"min_size": 1, "max_size": 8, "timeout": 1.5, "stall_s": 0.0},
+    }
+    for bad, option in [
+        ("pool_timeout=0", "pool_timeout"),
+        ("pool_timeout=soon", "pool_timeout"),
+        ("stall_timeout=-1", "stall_timeout"),
+        ("stall_timeout=inf", "stall_timeout"),
+        ("connect_timeout=1", "connect_timeout"),
+        ("connect_timeout=2.5", "connect_timeout"),
+    ]:
+        with pytest.raises(ImproperlyConfigured, match=f"DATABASE_URL: {option}"):
+            database_from_url("DATABASE_URL", f"postgres://h/n?{bad}")
