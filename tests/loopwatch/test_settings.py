@@ -68,6 +68,8 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "lots"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_KEY_CACHE_S": "-1"}, "LOOPWATCH_KEY_CACHE_S"),
+        ({"LOOPWATCH_SWEEP_EVERY_S": "0"}, "LOOPWATCH_SWEEP_EVERY_S"),
+        ({"LOOPWATCH_ENQUEUE_TIMEOUT_MS": "soon"}, "LOOPWATCH_ENQUEUE_TIMEOUT_MS"),
         ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
     ],
 )
@@ -125,3 +127,24 @@ def test_database_url_outage_options():
     ]:
         with pytest.raises(ImproperlyConfigured, match=f"DATABASE_URL: {option}"):
             database_from_url("DATABASE_URL", f"postgres://h/n?{bad}")
+
+
+def test_the_workers_sweep_at_least_every_minute_by_default():
+    # Losing beat delays a lost run by at most this (plus a pass): the bound is a minute.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWATCH_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings as s; "
+            "print(s.LOOPWATCH_SWEEP_EVERY_S, s.CELERY_BEAT_SCHEDULE['detect-sweep']['schedule'])",
+        ],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "loopwatch.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    every, beat = map(float, done.stdout.split())
+    assert every <= 60 and beat == every
