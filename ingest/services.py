@@ -718,10 +718,11 @@ class _Requeue:
         failing = False
         while True:
             self._wake.wait()
-            with self._lock:
+            with self._lock:  # cleared under the lock: an `add` after this wakes the loop again
                 runs, since = sorted(self._runs), self._since
+                if not runs:
+                    self._wake.clear()
             if not runs:
-                self._wake.clear()
                 continue
             try:
                 pending_add(runs, force=True)
@@ -742,8 +743,8 @@ class _Requeue:
                         self._runs.difference_update(runs)
                 time.sleep(self.RETRY_S)
                 continue
+            logger.log(logging.WARNING if failing else logging.INFO, "added %d runs again", len(runs))
             failing = False
-            logger.warning("added %d runs again: Redis answers", len(runs))
             with self._lock:
                 self._runs.difference_update(runs)
 

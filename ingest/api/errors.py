@@ -112,6 +112,7 @@ def database_unavailable(request, exc: BaseException) -> HttpResponse:
         response = _page(request, 503, "Unavailable", detail, plain=True)
         response["Refresh"] = str(RETRY_AFTER_S)
     response["Retry-After"] = str(RETRY_AFTER_S)
+    response._has_been_logged = True  # by the warning above: Django's log_response skips it
     return response
 
 

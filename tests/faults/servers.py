@@ -49,6 +49,7 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # a loaded 2-core CI machine starts a Django process in seconds, not minutes
 STOP_TIMEOUT_S = 20.0
 TEMPLATE_DB = "loopwatch_template"
+KEEP_ENV = "LOOPWATCH_FAULTS_KEEP"  # set: the processes' logs stay in /tmp/loopwatch-faults-*
 DEMO_TENANT = "demo"
 
 
@@ -328,7 +329,8 @@ class Service:
         return self.proc is not None and self.proc.poll() is None
 
     def freeze(self) -> None:
-        """SIGSTOP to the whole group: it holds its connections and does nothing."""
+        """SIGSTOP to the whole group: it holds its connections, and whatever locks it held in the
+        database, and does nothing."""
         os.killpg(self.pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
@@ -507,11 +509,11 @@ def private_postgres(_postgres_cluster) -> Iterator[PrivatePostgres]:
 
 
 @pytest.fixture(scope="session")
-def _template(_postgres_cluster, tmp_path_factory) -> str:
+def _template(_postgres_cluster) -> str:
     """A database migrated once, with the demo tenant, user demo/demo and an API key. Returns the key."""
     with _postgres_cluster.connect(autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
-    key_file = tmp_path_factory.mktemp("template") / "key"
+    key_file = _postgres_cluster.dir / "template-api-key"
     # Both commands in one process: a Django start-up is seconds on a busy machine.
     script = (
         "from pathlib import Path; from django.core.management import call_command as c; "
@@ -584,7 +586,19 @@ def private_redis() -> Iterator[PrivateRedis]:
         yield server
 
 
+@contextlib.contextmanager
+def workdir() -> Iterator[Path]:
+    """A folder for logs and schedules, of our own: pytest's tmp_path lives under a folder that
+    other pytest sessions of the same user prune (they keep the last three), mid-run too."""
+    folder = Path(tempfile.mkdtemp(prefix="loopwatch-faults-"))
+    try:
+        yield folder
+    finally:
+        if not os.environ.get(KEEP_ENV):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
-def app(loopwatch_db, private_redis, tmp_path) -> Iterator[App]:
-    with app_on(loopwatch_db, private_redis, tmp_path) as started:
+def app(loopwatch_db, private_redis) -> Iterator[App]:
+    with workdir() as folder, app_on(loopwatch_db, private_redis, folder) as started:
         yield started
