@@ -5,6 +5,7 @@ from __future__ import annotations
 TASK_DETECT_RUN = "ingest.detect_run"
 TASK_DETECT_RUNS = "ingest.detect_runs"
 TASK_DETECT_PENDING = "ingest.detect_pending"
+TASK_DETECT_SWEEP = "ingest.detect_sweep"
 
 
 def alerts_group(tenant_id: int) -> str:

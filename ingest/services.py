@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
@@ -16,6 +17,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NotRequired, TypedDict
@@ -42,7 +44,7 @@ from ingest.models import (
     Tenant,
     ToolCall,
 )
-from ingest.pending import TAKE, TASK_BUDGET_S, pending_add, pending_count, pending_take, pending_unqueue
+from ingest.pending import TAKE, TASK_BUDGET_S, enqueue_timeout_s, pending_add, pending_count, pending_take
 from ingest.pricing import Price, PriceBook
 from ingest.schema import EventError, find_nul, parse_ts, validate_event
 from ingest.selectors import Scope, configs_for
@@ -646,28 +648,131 @@ def _events_insert(tenant_pk: int, rows: list[tuple]) -> None:
     )
 
 
-def detection_enqueue(run_pks: list[int]) -> None:
+def detection_enqueue(run_pks: list[int], *, force: bool = False) -> None:
     """Queue detection for the runs a batch touched: they join the runs waiting in Redis, and a
-    detect_pending task is queued when none is (ingest.pending says why).
+    detect_pending task is queued when none is (ingest.pending says why), or always with `force`
+    (the sweep: a flag may be left by a command that timed out, or by a process that died).
 
-    With a broker, the message is sent from one long-lived thread per process (and waited for):
-    under ASGI each request runs in a new thread, and Celery builds its result backend once per
-    thread, a quarter of the CPU of a send. Eager (no broker), the task runs here, in the request's
-    thread, for these runs.
+    Called in the request's thread after the commit, it holds the request at most about
+    enqueue_timeout_s: Redis not answering in time, the runs are handed to this process's requeue
+    thread, which adds them again (and queues a task) once Redis answers. The message is sent from
+    one long-lived thread per process: under ASGI each request runs in a new thread, and Celery
+    builds its result backend once per thread, a quarter of the CPU of a send. The request waits
+    for the send at most enqueue_timeout_s too; a send that fails hands its runs to the requeue.
+    Eager (no broker), the task runs here, in the request's thread, for these runs.
     """
-    from ingest.tasks import detect_pending, detect_runs
+    from redis import RedisError
+
+    from ingest.tasks import detect_runs
 
     if detect_runs.app.conf.task_always_eager:
         if run_pks:
             detect_runs.delay(run_pks)
         return
-    if not pending_add(run_pks):
-        return  # a task is queued and will take them
     try:
-        _publisher().submit(detect_pending.delay).result()
-    except Exception:
-        pending_unqueue()  # the next batch queues one; detect_sweep finds these runs meanwhile
-        raise
+        if not pending_add(run_pks, force=force):
+            return  # a task is queued and will take them
+    except RedisError as exc:
+        if _requeue.add(run_pks):  # the first of an outage: the requeue says when it is over
+            logger.warning("enqueueing runs: Redis did not answer (%s); adding them again later", exc)
+        return
+    sent = _publisher().submit(_detect_pending_send, run_pks)
+    with contextlib.suppress(FuturesTimeout):
+        sent.result(timeout=enqueue_timeout_s())  # else still sending; the requeue has it if it fails
+
+
+def _detect_pending_send(run_pks: list[int]) -> None:
+    from ingest.tasks import detect_pending
+
+    try:
+        detect_pending.delay()
+    except Exception as exc:  # the broker is away: our flag is set and no task queued
+        logger.warning("queueing detection of %d runs failed (%s); trying again later", len(run_pks), exc)
+        _requeue.add(run_pks)
+
+
+class _Requeue:
+    """Runs whose enqueue got no answer from Redis, added again by a thread of this process.
+
+    1. `add` keeps the runs (up to HELD_MAX; past that the sweep finds them from their cursors)
+       and wakes the thread.
+    2. The thread adds them all with the flag forced and queues a task; Redis still away, it tries
+       again every RETRY_S, for at most GIVE_UP_S (the sweep has them then too).
+    """
+
+    HELD_MAX = 100_000
+    RETRY_S = 0.5
+    GIVE_UP_S = 300.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: set[int] = set()
+        self._since = 0.0
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, run_pks: list[int]) -> bool:
+        """Keep the runs; True when none were kept before."""
+        with self._lock:
+            first = not self._runs
+            if first:
+                self._since = time.monotonic()
+            room = self.HELD_MAX - len(self._runs)
+            self._runs.update(run_pks[: max(0, room)])
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="detection-requeue", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return first
+
+    def held(self) -> int:
+        with self._lock:
+            return len(self._runs)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._runs.clear()
+
+    def _loop(self) -> None:
+        from ingest.tasks import detect_pending
+
+        failing = False
+        while True:
+            self._wake.wait()
+            with self._lock:  # cleared under the lock: an `add` after this wakes the loop again
+                runs, since = sorted(self._runs), self._since
+                if not runs:
+                    self._wake.clear()
+            if not runs:
+                continue
+            try:
+                pending_add(runs, force=True)
+                detect_pending.delay()
+            except Exception as exc:  # Redis still away (redis-py's or kombu's errors, or OSError)
+                if not failing:
+                    logger.warning(
+                        "adding %d runs again: %s: %s; trying every %s s",
+                        len(runs),
+                        type(exc).__name__,
+                        exc,
+                        self.RETRY_S,
+                    )
+                failing = True
+                if time.monotonic() - since > self.GIVE_UP_S:
+                    logger.warning("gave up adding %d runs again; the sweep finds them", len(runs))
+                    with self._lock:
+                        self._runs.difference_update(runs)
+                time.sleep(self.RETRY_S)
+                continue
+            logger.log(logging.WARNING if failing else logging.INFO, "added %d runs again", len(runs))
+            failing = False
+            with self._lock:
+                self._runs.difference_update(runs)
+
+
+_requeue = _Requeue()
+_publisher_pool: ThreadPoolExecutor | None = None
+_publisher_lock = threading.Lock()
 
 
 def runs_pending_process(*, budget_s: float = TASK_BUDGET_S, take: int = TAKE) -> int:
@@ -693,10 +798,6 @@ def runs_pending_process(*, budget_s: float = TASK_BUDGET_S, take: int = TAKE) -
     return total
 
 
-_publisher_pool: ThreadPoolExecutor | None = None
-_publisher_lock = threading.Lock()
-
-
 def _publisher() -> ThreadPoolExecutor:
     global _publisher_pool
     if _publisher_pool is None:
@@ -707,9 +808,9 @@ def _publisher() -> ThreadPoolExecutor:
 
 
 def _publisher_forget() -> None:
-    """In a forked child the parent's publisher thread does not exist: start a new one when needed."""
-    global _publisher_pool, _publisher_lock
-    _publisher_pool, _publisher_lock = None, threading.Lock()
+    """In a forked child the parent's threads do not exist: start new ones when needed."""
+    global _publisher_pool, _publisher_lock, _requeue
+    _publisher_pool, _publisher_lock, _requeue = None, threading.Lock(), _Requeue()
 
 
 os.register_at_fork(after_in_child=_publisher_forget)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db.models import F
 
-from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUN, TASK_DETECT_RUNS
+from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUN, TASK_DETECT_RUNS, TASK_DETECT_SWEEP
 from ingest.models import RunCursor
 from ingest.services import detection_enqueue, run_process, runs_pending_process, runs_process
 
@@ -31,14 +31,16 @@ def detect_pending() -> int:
     return runs_pending_process()
 
 
-@shared_task(name="ingest.detect_sweep", soft_time_limit=60, time_limit=90)
+@shared_task(name=TASK_DETECT_SWEEP, soft_time_limit=60, time_limit=90)
 def detect_sweep(limit: int = 500) -> int:
-    """Re-queue runs whose cursor lags their events (a lost enqueue: broker down at commit time)."""
+    """Re-queue runs whose cursor lags their events (a lost enqueue: broker down at commit time, a
+    task killed after taking them), with a task queued whatever the flag says (ingest.pending).
+    Sent by beat and by the workers themselves (loopwatch.celery.SweepTimer)."""
     lagging = list(
         RunCursor.objects.filter(position__lt=F("run__events_count")).values_list("run_id", flat=True)[:limit]
     )
     if lagging:
-        detection_enqueue(lagging)
+        detection_enqueue(lagging, force=True)
     return len(lagging)
 
 

@@ -82,8 +82,22 @@ def database_from_url(name: str, url: str) -> dict:
             raise ImproperlyConfigured(
                 f"{name}: pool must be true or false, pool_min_size/pool_max_size positive"
             )
+        # Outages (docs/operations.md): a request waits pool_timeout for a connection (then 503); a
+        # new connection waits connect_timeout for the server (libpq's option, given to psycopg); a
+        # query with no byte from the server for stall_timeout asks whether the server is still
+        # there, and gives up if not (loopwatch.db.stall; 0: never).
+        pool_timeout = _seconds(name, "pool_timeout", options.pop("pool_timeout", "3"), minimum=0.1)
+        stall_timeout = _seconds(name, "stall_timeout", options.pop("stall_timeout", "2"), minimum=0)
+        connect_timeout = options.setdefault("connect_timeout", "3")
+        if not connect_timeout.isdigit() or int(connect_timeout) < 2:
+            raise ImproperlyConfigured(
+                f"{name}: connect_timeout must be a whole number of seconds, at least 2"
+            )
         if pool == "true":
-            options["pool"] = {key: int(v) for key, v in sizes.items()} | {"timeout": 30}
+            options["pool"] = {key: int(v) for key, v in sizes.items()} | {
+                "timeout": pool_timeout,
+                "stall_s": stall_timeout,
+            }
             conn_max_age = "0"
         return {
             "ENGINE": "loopwatch.db",
@@ -106,6 +120,16 @@ def database_from_url(name: str, url: str) -> dict:
     raise ImproperlyConfigured(
         f"{name}={url!r}: unsupported scheme {parts.scheme!r} (use postgres://... or sqlite:///...)"
     )
+
+
+def _seconds(name: str, option: str, raw: str, *, minimum: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= minimum or value == float("inf"):
+        raise ImproperlyConfigured(f"{name}: {option} must be a number of seconds, at least {minimum:g}")
+    return value
 
 
 def redis_url(name: str, url: str) -> str:

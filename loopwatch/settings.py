@@ -60,6 +60,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
+    "ingest.api.errors.DatabaseUnavailableMiddleware",
     # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -151,8 +153,15 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "loopwatch")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Runs whose enqueue was lost (Redis away at commit time, a task killed after taking them) are found
+# by detect_sweep: every worker sends it this often, one worker of all each time (loopwatch.celery),
+# and beat too, so that losing beat delays nothing by more than this (docs/operations.md).
+LOOPWATCH_SWEEP_EVERY_S = env_int("LOOPWATCH_SWEEP_EVERY_S", 30, minimum=1)
+# The most a request's enqueue waits for Redis (ingest.pending); then the process adds the runs again
+# when Redis answers.
+LOOPWATCH_ENQUEUE_TIMEOUT_MS = env_int("LOOPWATCH_ENQUEUE_TIMEOUT_MS", 250, minimum=10)
 CELERY_BEAT_SCHEDULE = {
-    "detect-sweep": {"task": "ingest.detect_sweep", "schedule": 60.0},
+    "detect-sweep": {"task": "ingest.detect_sweep", "schedule": float(LOOPWATCH_SWEEP_EVERY_S)},
     "ledger-expire-leases": {"task": "ingest.ledger_expire_leases", "schedule": 10.0},
     "ledger-reconcile": {"task": "ingest.ledger_reconcile", "schedule": 15.0},
     "ledger-purge": {"task": "ingest.ledger_purge", "schedule": 3600.0},

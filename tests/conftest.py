@@ -90,8 +90,14 @@ def api(client, django_capture_on_commit_callbacks):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Browser tests last: they are the slowest, and the fast tests should fail first."""
-    items.sort(key=lambda item: "tests/browser/" in str(item.fspath).replace("\\", "/"))
+    """Fault tests (real processes, private servers) and browser tests last: they are the slowest,
+    and the fast tests should fail first."""
+
+    def slowness(item) -> int:
+        path = str(item.fspath).replace("\\", "/")
+        return 2 if "tests/browser/" in path else 1 if "tests/faults/" in path else 0
+
+    items.sort(key=slowness)
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
+from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils.html import escape
@@ -82,11 +86,61 @@ def not_found(request, exception=None):
 
 
 def server_error(request):
+    exc = sys.exc_info()[1]  # Django calls this handler inside its except block
+    if _database_failure(exc):
+        return database_unavailable(request, exc)
     if _wants_json(request):
         return json_error(
             status.HTTP_500_INTERNAL_SERVER_ERROR, "server_error", "internal error; it was logged"
         )
     return _page(request, 500, "Server error", "Something failed on our side; it was logged.", plain=True)
+
+
+# The database pool tries the server again at least every half second (loopwatch.db.pool): a client
+# that comes back after this finds the service within a second or two of the database's return.
+RETRY_AFTER_S = 2
+
+logger = logging.getLogger(__name__)
+
+
+def database_unavailable(request, exc: BaseException) -> HttpResponse:
+    """503 with Retry-After: the database is down, frozen or out of connections, and the request
+    can be sent again as it is (nothing was stored, or a retried batch comes back `duplicate`)."""
+    logger.warning("%s %s: database unavailable: %s", request.method, request.path, exc)
+    if _wants_json(request):
+        detail = f"the database is unavailable; retry after {RETRY_AFTER_S} s"
+        response = json_error(status.HTTP_503_SERVICE_UNAVAILABLE, "unavailable", detail)
+    else:
+        detail = f"The database is unavailable; this page reloads in {RETRY_AFTER_S} s."
+        response = _page(request, 503, "Unavailable", detail, plain=True)
+        response["Refresh"] = str(RETRY_AFTER_S)
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    response._has_been_logged = True  # by the warning above: Django's log_response skips it
+    return response
+
+
+def _database_failure(exc: BaseException | None) -> bool:
+    # Django's wrappers (a query, a commit, a checkout from the pool), and psycopg's own raised
+    # outside them (psycopg_pool.PoolTimeout is an OperationalError).
+    from psycopg import InterfaceError as PgInterfaceError
+    from psycopg import OperationalError as PgOperationalError
+
+    return isinstance(exc, OperationalError | InterfaceError | PgOperationalError | PgInterfaceError)
+
+
+class DatabaseUnavailableMiddleware:
+    """A view that failed on the database answers 503 (database_unavailable), DRF's API views
+    included (DRF re-raises what its exception handler does not take). What fails outside a view
+    (a middleware) reaches server_error, which answers the same."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        return database_unavailable(request, exception) if _database_failure(exception) else None
 
 
 def bad_request(request, exception=None):
@@ -95,4 +149,13 @@ def bad_request(request, exception=None):
     return _page(request, 400, "Bad request", str(exception) or "bad request")
 
 
-__all__ = ["ApiError", "Response", "bad_request", "exception_handler", "not_found", "server_error"]
+__all__ = [
+    "ApiError",
+    "DatabaseUnavailableMiddleware",
+    "Response",
+    "bad_request",
+    "database_unavailable",
+    "exception_handler",
+    "not_found",
+    "server_error",
+]

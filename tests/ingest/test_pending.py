@@ -3,12 +3,14 @@ one task takes every run that came meanwhile — on the real Redis broker and Po
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 import redis
 from django.conf import settings
 
+from ingest import services
 from ingest.models import RunCursor
 from ingest.pending import pending_count
 from ingest.services import events_ingest, runs_pending_process
@@ -29,8 +31,9 @@ def broker(needs_redis, needs_postgres):
     try:
         yield client, queue
     finally:
+        services._requeue.clear()  # nothing this test's process kept may land in another test's queue
         app.conf.task_default_queue, app.conf.task_always_eager = previous
-        client.delete(queue, f"loopwatch:{queue}:detect:pending", f"loopwatch:{queue}:detect:queued")
+        client.delete(queue, *(f"loopwatch:{queue}:detect:{key}" for key in ("pending", "queued", "sweep")))
 
 
 def _batch(run: str, n: int) -> list[dict]:
@@ -113,15 +116,15 @@ def test_the_sweep_queues_lagging_runs_through_the_same_set(broker, tenant):
     assert _behind(tenant) == []
 
 
-def test_with_redis_down_a_batch_is_stored_and_the_sweep_queues_it_later(
+def test_with_redis_down_a_batch_is_stored_and_its_runs_are_added_when_redis_is_back(
     broker, tenant, make_key, client, monkeypatch
 ):
     import orjson
 
     from ingest import pending
-    from ingest.tasks import detect_sweep
 
-    monkeypatch.setattr(pending, "_client", None)
+    client_redis, queue = broker
+    pending.pending_clients_forget()
     monkeypatch.setattr(settings, "REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
     response = client.post(
         "/api/v1/events",
@@ -132,9 +135,39 @@ def test_with_redis_down_a_batch_is_stored_and_the_sweep_queues_it_later(
     assert response.status_code == 200
     assert [v["status"] for v in response.json()["results"]] == ["accepted"] * 4
     assert len(_behind(tenant)) == 1  # stored, not processed: its enqueue failed after the commit
+    assert services._requeue.held() == 1  # kept by the process
 
-    monkeypatch.undo()  # Redis is back
-    pending._client = None
-    assert detect_sweep() == 1 and pending_count() == 1
+    monkeypatch.undo()  # Redis is back: the process adds the run again, and queues a task
+    pending.pending_clients_forget()
+    deadline = time.monotonic() + 10
+    while services._requeue.held() or client_redis.llen(queue) == 0:
+        assert time.monotonic() < deadline, "the run was not added again"
+        time.sleep(0.05)
+    assert pending_count() == 1
     detect_pending()
     assert _behind(tenant) == []
+
+
+def test_the_sweep_queues_a_task_even_when_a_flag_says_one_is_queued(broker, tenant):
+    """A flag left by a command that timed out (it ran after its client gave up), or by a process
+    that died before sending the task: no task is queued, yet the flag says one is. The sweep's
+    task goes anyway."""
+    from ingest.tasks import detect_sweep
+
+    client, queue = broker
+    _ingest(tenant, runs=2, batches=1)
+    client.delete(queue, f"loopwatch:{queue}:detect:pending")  # the runs and the task are lost...
+    client.set(f"loopwatch:{queue}:detect:queued", "1", ex=60)  # ...and the flag stayed
+    assert detect_sweep() == 2
+    assert client.llen(queue) == 1 and pending_count() == 2
+    detect_pending()
+    assert _behind(tenant) == []
+
+
+def test_one_sweep_claim_of_all_wins_per_interval(broker):
+    from ingest.pending import sweep_claim
+
+    assert sweep_claim(ttl_s=0.5) is True
+    assert sweep_claim(ttl_s=0.5) is False  # another worker, in the same interval
+    time.sleep(0.6)
+    assert sweep_claim(ttl_s=0.5) is True

@@ -76,6 +76,8 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "lots"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_KEY_CACHE_S": "-1"}, "LOOPWATCH_KEY_CACHE_S"),
+        ({"LOOPWATCH_SWEEP_EVERY_S": "0"}, "LOOPWATCH_SWEEP_EVERY_S"),
+        ({"LOOPWATCH_ENQUEUE_TIMEOUT_MS": "soon"}, "LOOPWATCH_ENQUEUE_TIMEOUT_MS"),
         ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
         # Headers belong to a tenant now: the old flat shape is refused, saying the new one.
         ({"LOOPWATCH_RECONCILER_HEADERS": '{"payments": {"Authorization": "x"}}'}, "<tenant slug>"),
@@ -149,9 +151,55 @@ def test_env_helpers():
         "6432",
         "name",
     )
-    assert db["OPTIONS"] == {"sslmode": "require", "pool": {"min_size": 1, "max_size": 8, "timeout": 30}}
+    assert db["OPTIONS"] == {
+        "sslmode": "require",
+        "connect_timeout": "3",
+        "pool": {"min_size": 1, "max_size": 8, "timeout": 3.0, "stall_s": 2.0},
+    }
     assert db["CONN_MAX_AGE"] == 0
     unpooled = database_from_url("DATABASE_URL", "postgres://h/n?pool=false&conn_max_age=30")
     assert "pool" not in unpooled["OPTIONS"] and unpooled["CONN_MAX_AGE"] == 30
     assert database_from_url("D", "sqlite:////tmp/x.db")["NAME"] == "/tmp/x.db"
     assert redis_url("R", "redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_database_url_outage_options():
+    """pool_timeout, stall_timeout and connect_timeout (docs/operations.md), checked at start-up."""
+    db = database_from_url(
+        "DATABASE_URL", "postgres://h/n?pool_timeout=1.5&stall_timeout=0&connect_timeout=5"
+    )
+    assert db["OPTIONS"] == {
+        "connect_timeout": "5",
+        "pool": {"min_size": 1, "max_size": 8, "timeout": 1.5, "stall_s": 0.0},
+    }
+    for bad, option in [
+        ("pool_timeout=0", "pool_timeout"),
+        ("pool_timeout=soon", "pool_timeout"),
+        ("stall_timeout=-1", "stall_timeout"),
+        ("stall_timeout=inf", "stall_timeout"),
+        ("connect_timeout=1", "connect_timeout"),
+        ("connect_timeout=2.5", "connect_timeout"),
+    ]:
+        with pytest.raises(ImproperlyConfigured, match=f"DATABASE_URL: {option}"):
+            database_from_url("DATABASE_URL", f"postgres://h/n?{bad}")
+
+
+def test_the_workers_sweep_at_least_every_minute_by_default():
+    # Losing beat delays a lost run by at most this (plus a pass): the issue's bound is a minute.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWATCH_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings as s; "
+            "print(s.LOOPWATCH_SWEEP_EVERY_S, s.CELERY_BEAT_SCHEDULE['detect-sweep']['schedule'])",
+        ],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "loopwatch.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    every, beat = map(float, done.stdout.split())
+    assert every <= 60 and beat == every
