@@ -177,15 +177,19 @@ def _integer(
             raise EventError(path or key, "is required")
         return
     value = ev[key]
-    # JSON Schema counts 3.0 as an integer; store it as 3.
+    # JSON Schema counts 3.0 as an integer; store it as 3 (when it is in range: int(1e308) is a
+    # number of 309 digits).
     if isinstance(value, float) and value.is_integer():
+        if not minimum <= value <= MAX_INT:
+            bound = f"at least {minimum}" if value < minimum else f"at most {MAX_INT}"
+            raise EventError(path or key, f"must be {bound} (got {value:g})")
         value = ev[key] = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise EventError(path or key, f"must be an integer, not {_type_name(value)}")
     if value < minimum:
-        raise EventError(path or key, f"must be at least {minimum} (got {value})")
+        raise EventError(path or key, f"must be at least {minimum} (got {_short(value)})")
     if value > MAX_INT:
-        raise EventError(path or key, f"must be at most {MAX_INT} (got {value})")
+        raise EventError(path or key, f"must be at most {MAX_INT} (got {_short(value)})")
 
 
 def _number(
