@@ -104,7 +104,8 @@ def canonical(value: Any, *, casefold: bool = False, noise: tuple[str, ...] = ()
         return value
     if isinstance(value, float):
         rounded = round(value, NUMBER_DIGITS)
-        return int(rounded) if rounded.is_integer() else rounded
+        # 3.0 is the argument 3; 1e300 stays a float (as an int it has 301 digits: orjson refuses it).
+        return int(rounded) if rounded.is_integer() and -(2**63) <= rounded < 2**63 else rounded
     if isinstance(value, str):
         text = _WS.sub(" ", value.strip())
         return text.casefold() if casefold else text
