@@ -23,12 +23,13 @@ from typing import Any, Literal, NotRequired, TypedDict
 import orjson
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, models, transaction
-from django.db.models.functions import RowNumber
+from django.db.models.functions import Least, RowNumber
 from django.utils import timezone
 
 from ingest import metrics
 from ingest.bulk import dumps_bounded, insert_statement, statements_run, update_statement
 from ingest.detection import ACTIONS, Config, Engine, RunState
+from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.events import ALERT_MESSAGE, alerts_group
 from ingest.ledger import TRACE_FINISHED, TRACE_STARTED, trace_writes_record
 from ingest.models import (
@@ -403,7 +404,8 @@ def _store(
         book = _PriceBook(pairs) if connection.vendor == "postgresql" else PriceBook(pairs)
         for pk, usage in unpriced.items():
             price = book.price(changed[pk].backend, changed[pk].model)
-            changed[pk].cost_usd += sum(price.cost(i, o) for i, o in usage)
+            cost = changed[pk].cost_usd + sum(price.cost(i, o) for i, o in usage)
+            changed[pk].cost_usd = min(cost, MAX_TOTAL_USD)
     # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
     rows.sort(key=_BY_RUN)
     _events_insert(tenant.pk, rows)
@@ -544,7 +546,7 @@ def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
         run.input_tokens += event.get("input_tokens", 0)
         run.output_tokens += event.get("output_tokens", 0)
         if "cost_usd" in event:
-            run.cost_usd += event["cost_usd"]
+            run.cost_usd = min(run.cost_usd + event["cost_usd"], MAX_TOTAL_USD)
             return False
         return True
     if kind == "tool_call":
@@ -1142,7 +1144,7 @@ UPDATE {Run._meta.db_table} AS r SET
     loop_flagged = r.loop_flagged OR COALESCE(v.loop_flagged, false),
     first_loop_at = COALESCE(r.first_loop_at, v.first_loop_at),
     first_loop_seq = COALESCE(v.first_loop_seq, r.first_loop_seq),
-    cost_after_loop_usd = r.cost_after_loop_usd + COALESCE(v.cost_after_loop_usd, 0),
+    cost_after_loop_usd = LEAST(r.cost_after_loop_usd + COALESCE(v.cost_after_loop_usd, 0), {MAX_TOTAL_USD}),
     terminated_by = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
         THEN v.terminated_by ELSE r.terminated_by END,
     budget_type = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
@@ -1205,7 +1207,9 @@ def _progress_save(
         if "first_loop_seq" in figure:
             values["first_loop_seq"] = figure["first_loop_seq"]
         if "cost_after_loop_usd" in figure:
-            values["cost_after_loop_usd"] = models.F("cost_after_loop_usd") + figure["cost_after_loop_usd"]
+            values["cost_after_loop_usd"] = Least(
+                models.F("cost_after_loop_usd") + figure["cost_after_loop_usd"], models.Value(MAX_TOTAL_USD)
+            )
         Run.objects.filter(pk=pk).update(**values)
         if "first_loop_at" in figure:
             Run.objects.filter(pk=pk, first_loop_at__isnull=True).update(
