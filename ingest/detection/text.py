@@ -8,7 +8,7 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from ingest.detection.config import Thresholds
-from ingest.detection.normalize import text_key
+from ingest.detection.normalize import fuzzy_view, text_key
 from ingest.detection.policy import CORRECT, Detection, action_name, level_for
 from ingest.detection.state import MAX_QUESTIONS, RunState
 
@@ -35,6 +35,7 @@ def alike(a: str, b: str, threshold: float) -> bool:
     """Same words, or the same content words (a paraphrase keeps its nouns and verbs)."""
     if not a or not b:
         return False
+    a, b = fuzzy_view(a), fuzzy_view(b)  # long texts: bounded work (issue 11)
     if max(fuzz.token_set_ratio(a, b), fuzz.token_sort_ratio(a, b)) / 100 >= threshold:
         return True
     wa, wb = content_words(a), content_words(b)
@@ -64,7 +65,8 @@ def detect_text(
     t: Thresholds, state: RunState, event: dict[str, Any], previous_round_calls: int
 ) -> list[Detection]:
     raw = event.get("text") or ""
-    key = text_key(raw) if isinstance(raw, str) else ""
+    # Bounded as fuzzy matching sees it: the key is kept in the state (questions, last text).
+    key = fuzzy_view(text_key(raw)) if isinstance(raw, str) else ""
     found: list[Detection] = []
     tokens = event.get("output_tokens")
     if not key and isinstance(tokens, int) and tokens <= EMPTY_TOKENS:

@@ -98,3 +98,48 @@ def test_huge_integral_floats_in_arguments_have_a_digest(value):
 def test_detections_made_by_hand_are_clamped_too():
     detection = Detection(kind="budget", action="terminate", at_call=-3, at_round=2**40, count=float("inf"))
     assert (detection.at_call, detection.at_round, detection.count) == (0, MAX_COUNT, MAX_COUNT)
+
+
+# --- bounded work per event: fuzzy matching sees a bounded view of long values ---------------------
+
+
+def _long_text(seed: int, chars: int = 240 * 1024) -> str:
+    import random
+
+    rng = random.Random(seed)
+    words = [f"w{rng.randrange(5000)}" for _ in range(chars // 5)]
+    return " ".join(words)[:chars]
+
+
+def test_fuzzy_view_is_bounded_and_short_texts_are_themselves():
+    from ingest.detection.normalize import FUZZY_CHARS, fuzzy_view
+
+    assert fuzzy_view("find order 42") == "find order 42"
+    text = _long_text(1)
+    view = fuzzy_view(text)
+    assert len(view) <= FUZZY_CHARS + 18
+    assert view.startswith(text[:200]) and view.endswith(text[-200:])
+    assert fuzzy_view(text[:-1] + "!") != view  # the hash sees the whole
+
+
+def test_long_arguments_are_compared_on_their_view():
+    from ingest.detection.calls import _value_similarity, similar
+
+    body = _long_text(2)
+    assert _value_similarity(body, body) == 1.0
+    nudged = _value_similarity(f"a {body} a", f"b {body} b")
+    assert 0.9 < nudged < 1.0  # alike at both ends, not the same
+    assert _value_similarity(body, _long_text(3)) < 0.8
+    assert similar({"query": f"a {body}"}, {"query": f"b {body}"}, 0.85)
+
+
+def test_long_texts_are_alike_on_their_view_and_the_state_keeps_the_view():
+    from ingest.detection.normalize import FUZZY_CHARS
+    from ingest.detection.text import alike
+
+    body = _long_text(4)
+    assert alike(f"{body} order?", f"{body} order number?", 0.85)
+    assert not alike(body, _long_text(5), 0.85)
+    state, _ = replay_run([_event("run_started"), _event("model_round", round=1, text=f"{body}?")])
+    assert all(len(question[0]) <= FUZZY_CHARS + 18 for question in state.questions)
+    assert len(orjson.dumps(state.to_dict())) < 8 * 1024
