@@ -55,7 +55,14 @@ def run_build(chars: int, calls: int, seed: int = 1) -> list[dict]:
         ts = f"2026-11-29T10:{n // 60:02d}:{n % 60:02d}Z"
         question = f"variant {n}: {body} could you tell me the order number please, variant {n}?"
         events.append(
-            {"type": "model_round", "run_id": "r", "ts": ts, "round": n, "output_tokens": 50, "text": question}
+            {
+                "type": "model_round",
+                "run_id": "r",
+                "ts": ts,
+                "round": n,
+                "output_tokens": 50,
+                "text": question,
+            }
         )
         events.append(
             {
@@ -70,7 +77,14 @@ def run_build(chars: int, calls: int, seed: int = 1) -> list[dict]:
             }
         )
         events.append(
-            {"type": "tool_result", "run_id": "r", "ts": ts, "call_id": f"c{n}", "status": "ok", "result": body}
+            {
+                "type": "tool_result",
+                "run_id": "r",
+                "ts": ts,
+                "call_id": f"c{n}",
+                "status": "ok",
+                "result": body,
+            }
         )
     return events
 
@@ -96,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     small = feed_timed(run_build(60, args.calls))
     huge = feed_timed(run_build(args.kb * 1024, args.calls))
     print(f"detection cost per event, {args.calls} rounds of a question, a nudged call and its result")
-    print(f"  load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (1, 5, 15 min)")
-    print(f"  {'event':<12} {'small median':>13} {'small worst':>12} {f'{args.kb} KB median':>14} {f'{args.kb} KB worst':>13}")
+    print(
+        f"  load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (1, 5, 15 min)"
+    )
+    print(
+        f"  {'event':<12} {'small median':>13} {'small worst':>12} {f'{args.kb} KB median':>14} {f'{args.kb} KB worst':>13}"
+    )
     for kind in ("model_round", "tool_call", "tool_result"):
         s, h = small[kind], huge[kind]
         print(
