@@ -629,9 +629,9 @@ def _events_insert(tenant_pk: int, rows: list[tuple]) -> None:
     )
 
 
-def detection_enqueue(run_pks: list[int]) -> None:
+def detection_enqueue(run_pks: list[int], *, delay_s: float = 0) -> None:
     """Queue detection for the runs a batch touched: they join the runs waiting in Redis, and a
-    detect_pending task is queued when none is (ingest.pending says why).
+    detect_pending task is queued when none is (ingest.pending says why), to run after delay_s.
 
     With a broker, the message is sent from one long-lived thread per process (and waited for):
     under ASGI each request runs in a new thread, and Celery builds its result backend once per
@@ -647,17 +647,25 @@ def detection_enqueue(run_pks: list[int]) -> None:
     if not pending_add(run_pks):
         return  # a task is queued and will take them
     try:
-        _publisher().submit(detect_pending.delay).result()
+        if delay_s:
+            _publisher().submit(detect_pending.apply_async, countdown=delay_s).result()
+        else:
+            _publisher().submit(detect_pending.delay).result()
     except Exception:
         pending_unqueue()  # the next batch queues one; detect_sweep finds these runs meanwhile
         raise
+
+
+RETRY_AFTER_FAILURE_S = 10  # a detect_pending task that failed so is queued again this much later
 
 
 def runs_pending_process(*, budget_s: float = TASK_BUDGET_S, take: int = TAKE) -> int:
     """The detect_pending task: take the runs waiting in Redis and process them, pass after pass,
     until none is left or `budget_s` has passed; then queue the next task if runs are left.
 
-    Runs taken by a pass that fails go back into the set before the error goes on.
+    Runs taken by a pass that fails go back into the set before the error goes on, with the next
+    task RETRY_AFTER_FAILURE_S later: a run's own failure is quarantined inside the pass, so what
+    comes out here is everyone's (the database gone, the time limit), and at once would loop hot.
     """
     started = time.monotonic()
     total = 0
@@ -666,7 +674,7 @@ def runs_pending_process(*, budget_s: float = TASK_BUDGET_S, take: int = TAKE) -
         try:
             total += runs_process(run_pks=run_pks, skip_locked=True)
         except BaseException:
-            detection_enqueue(run_pks)
+            detection_enqueue(run_pks, delay_s=RETRY_AFTER_FAILURE_S)
             raise
         if time.monotonic() - started > budget_s:
             if pending_count():
@@ -709,13 +717,19 @@ RUN_FIELDS = ("tenant_id", "backend", "model", "task_type", "run_id", "agent", "
 _Events = list[tuple[int, str, datetime, dict]]
 
 
-def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
+def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK, deadline: float | None = None) -> int:
     """Process a run's events after its cursor, once and in order: runs_process of this one run
-    (which waits for the run's lock). Returns how many it processed."""
-    return runs_process(run_pks=[run_pk], chunk=chunk)
+    (which waits for the run's lock, unless a deadline is given). Returns how many it processed."""
+    return runs_process(run_pks=[run_pk], chunk=chunk, skip_locked=deadline is not None, deadline=deadline)
 
 
-def runs_process(*, run_pks: Iterable[int], chunk: int = PROCESS_CHUNK, skip_locked: bool = False) -> int:
+def runs_process(
+    *,
+    run_pks: Iterable[int],
+    chunk: int = PROCESS_CHUNK,
+    skip_locked: bool = False,
+    deadline: float | None = None,
+) -> int:
     """Process the events after the cursors of several runs, each once and in order, in passes that
     take the runs together: a pass costs the same dozen queries for one run as for fifty (a task
     of interleaved traffic brings a few events of each of ~50 runs). Returns how many it processed.
@@ -733,6 +747,9 @@ def runs_process(*, run_pks: Iterable[int], chunk: int = PROCESS_CHUNK, skip_loc
        runs' figures and cursors, one statement each for all the runs (_detect); commit; publish
        the alerts.
     5. Again for the runs that had more events than their share, until every run is caught up.
+
+    deadline (time.monotonic()): no pass starts after it, and runs another task holds are not waited
+    for; the work left is the Celery task's (the guard answers within its time budget this way).
     """
     order = list(dict.fromkeys(run_pks))
     cache = _PassCache()
@@ -742,6 +759,10 @@ def runs_process(*, run_pks: Iterable[int], chunk: int = PROCESS_CHUNK, skip_loc
         processed, order, skipped = _runs_pass(order, chunk, skip_locked, cache)
         total += processed
         passed_over += skipped
+        if deadline is not None:
+            if time.monotonic() >= deadline:
+                break
+            passed_over = []
         if not order:
             order, passed_over, skip_locked = passed_over, [], False
     return total

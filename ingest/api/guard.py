@@ -86,6 +86,14 @@ class CheckOutput(serializers.Serializer):
     ledger = serializers.DictField(
         required=False, help_text="A write: the ledger's decision and its details."
     )
+    cut_short = serializers.DictField(
+        required=False,
+        help_text=(
+            "Present when the answer does not reflect every event of the run: reason (time_budget: "
+            "not processed within LOOPWATCH_GUARD_BUDGET_MS; detection_failed: the run's detection is "
+            "quarantined), detail, events_behind."
+        ),
+    )
 
 
 def _bad(field: str, reason: str, code: str = "invalid") -> ApiError:
@@ -190,6 +198,7 @@ class RunCheckApi(APIView):
                 call=call,
                 require_run=require_run,
                 may_claim=ApiKey.Scope.LEDGER in key.scopes,
+                budget_s=settings.LOOPWATCH_GUARD_BUDGET_MS / 1000,
             )
         except RunNotKnown:
             raise ApiError(

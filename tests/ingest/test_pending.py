@@ -4,14 +4,16 @@ one task takes every run that came meanwhile — on the real Redis broker and Po
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 import redis
 from django.conf import settings
 
 from ingest.models import RunCursor
 from ingest.pending import pending_count
-from ingest.services import events_ingest, runs_pending_process
+from ingest.services import RETRY_AFTER_FAILURE_S, events_ingest, runs_pending_process
 from ingest.tasks import detect_pending
 from loopwatch.celery import app
 from tests.ingest.events import model_round, run_started, tool_call, tool_result
@@ -97,6 +99,10 @@ def test_runs_of_a_failed_pass_go_back_and_a_task_is_queued(broker, tenant, monk
     with pytest.raises(RuntimeError):
         runs_pending_process()
     assert pending_count() == 4 and client.llen(queue) == 1
+    # Not at once: a failure that is everyone's (a run's own is quarantined in the pass) would
+    # otherwise loop as fast as the workers take the task.
+    eta = datetime.fromisoformat(orjson.loads(client.lindex(queue, 0))["headers"]["eta"])
+    assert eta - datetime.now(UTC) > timedelta(seconds=RETRY_AFTER_FAILURE_S - 2)
     monkeypatch.undo()
     assert runs_pending_process() == 4 * 4 and _behind(tenant) == []
 
@@ -116,8 +122,6 @@ def test_the_sweep_queues_lagging_runs_through_the_same_set(broker, tenant):
 def test_with_redis_down_a_batch_is_stored_and_the_sweep_queues_it_later(
     broker, tenant, make_key, client, monkeypatch
 ):
-    import orjson
-
     from ingest import pending
     from ingest.tasks import detect_sweep
 
