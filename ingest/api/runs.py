@@ -14,6 +14,7 @@ from ingest.auth import HasReadScope
 from ingest.selectors import run_events, run_get, run_list
 
 MAX_PAGE = 1000  # a page of events stays well under a few MB
+FILTERS = ("status", "backend", "task_type", "agent", "model")  # GET /api/v1/runs, as run_list takes them
 
 
 def _int_param(request, name: str, default: int, *, minimum: int, maximum: int) -> int:
@@ -87,10 +88,7 @@ class RunListApi(APIView):
 
     @extend_schema(
         operation_id="runs_list",
-        parameters=[
-            OpenApiParameter(name, str, required=False)
-            for name in ("status", "backend", "task_type", "agent")
-        ]
+        parameters=[OpenApiParameter(name, str, required=False) for name in FILTERS]
         + [
             OpenApiParameter("limit", int, required=False),
             OpenApiParameter(
@@ -103,6 +101,13 @@ class RunListApi(APIView):
         limit = _int_param(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
         if request.query_params.get("detection", "failed") != "failed":
             raise ApiError(400, "invalid_parameter", "detection: must be failed, or left out", "detection")
+        for name in FILTERS:
+            value = request.query_params.get(name, "")
+            if len(value) > 200 or "\x00" in value:
+                reason = (
+                    "must not contain U+0000 (NUL)" if "\x00" in value else "must be at most 200 characters"
+                )
+                raise ApiError(400, "invalid_parameter", f"{name}: {reason}", name)
         runs = run_list(tenant=request.user.tenant, filters=request.query_params.dict(), limit=limit)
         return Response(RunOutputSerializer(runs.select_related("cursor"), many=True).data)
 

@@ -216,3 +216,38 @@ async def test_an_unexpected_failure_is_acked_as_a_server_error_and_the_socket_s
     ack = orjson.loads(await ws.receive_from(timeout=10))
     assert ack["ack"] == 2 and ack["accepted"] == 1
     await ws.disconnect()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/api/v1/runs?agent=a%00b", 400),
+        ("GET", "/api/v1/runs?status=a%00b", 400),
+        ("GET", f"/api/v1/runs?model={'m' * 201}", 400),
+        ("GET", "/api/v1/runs/a%00b", 404),
+        ("GET", "/api/v1/runs/a%00b/events", 404),
+        ("POST", "/api/v1/runs/a%00b/check", 404),
+        ("POST", "/api/v1/runs/a%00b/handoff", 404),
+        ("GET", "/api/v1/operations/a%00b", 404),
+        ("POST", "/api/v1/operations/a%00b/complete", 404),
+    ],
+)
+def test_a_nul_in_a_path_or_a_filter_is_a_4xx(client, tenant, make_key, method, path, status):
+    """Found by schemathesis: PostgreSQL's text cannot hold U+0000, and looking one up raised."""
+    key = make_key(tenant, ["ingest", "read", "ledger", "operate"])
+    body = {
+        "tool": "t",
+        "args": {},
+        "answer": "stop",
+        "note": "n",
+        "by": "b",
+        "worker_id": "w",
+        "outcome": "failed",
+    }
+    response = client.generic(
+        method, path, orjson.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}"
+    )
+    assert response.status_code == status, response.content
+    if status == 400:
+        assert response.json()["field"] in ("agent", "status", "model")
