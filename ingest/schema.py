@@ -58,11 +58,12 @@ TS_YEARS = (2000, 2100)  # a `ts` is written with a year in this range, both inc
 MAX_OFFSET = timedelta(hours=14)  # the widest offset in use (Kiribati, UTC+14:00)
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
-# The same, within the limits: the year from TS_YEARS, the offset within MAX_OFFSET. Its text is the
-# JSON Schema's `pattern` for ts; what it refuses, the full check explains (_ts_problem).
+# The same, within the limits: the year from TS_YEARS, the offset within MAX_OFFSET, each field in its
+# range (so that text generated from the JSON Schema's `pattern`, which this is, is nearly always a
+# valid date-time too). What it refuses, the full check explains (_ts_problem).
 TS_PATTERN = (
-    r"^(?:20\d{2}|2100)-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?"
-    r"(?:[Zz]|[+-](?:0\d|1[0-3]):[0-5]\d|[+-]14:00)$"
+    r"^(?:20\d{2}|2100)-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[Tt ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+    r"(?:\.\d+)?(?:[Zz]|[+-](?:0\d|1[0-3]):[0-5]\d|[+-]14:00)$"
 )
 _TS_WITHIN = re.compile(TS_PATTERN)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

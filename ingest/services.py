@@ -834,11 +834,10 @@ def _runs_pass(
         except _NOT_THE_RUNS:
             raise
         except Exception as exc:
+            outcome = _PassOutcome()
             if len(order) == 1:
-                outcome = _PassOutcome()
                 _quarantine(order[0], exc)
             else:
-                outcome = _PassOutcome()
                 for run_pk in order:
                     try:
                         with transaction.atomic():
