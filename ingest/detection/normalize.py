@@ -63,7 +63,7 @@ CURSOR_KEYS = frozenset(
 )
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 _ISO_TS = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})?$")
-_WS = re.compile(r"\s+")
+_PUNCTUATION = re.compile(r"[^\w\s?]")
 MAX_DEPTH = 12  # deeper structures are hashed whole
 MAX_FACTS = 200  # scalar leaves of one result taken as facts
 # Fuzzy matching (rapidfuzz's ratios, quadratic in length) sees at most about this much of a text: a
@@ -110,7 +110,9 @@ def canonical(value: Any, *, casefold: bool = False, noise: tuple[str, ...] = ()
         # 3.0 is the argument 3; 1e300 stays a float (as an int it has 301 digits: orjson refuses it).
         return int(rounded) if rounded.is_integer() and -(2**63) <= rounded < 2**63 else rounded
     if isinstance(value, str):
-        text = _WS.sub(" ", value.strip())
+        # Whitespace runs collapsed: str.split() splits on what \s matches, several times faster
+        # than the regular expression on a long value (a 240 KB argument: 15 ms against 4).
+        text = " ".join(value.split())
         return text.casefold() if casefold else text
     return str(value)
 
@@ -191,4 +193,4 @@ def fuzzy_view(text: str) -> str:
 
 def text_key(text: str) -> str:
     """Model or user text reduced for comparison: lower case, punctuation and extra spaces gone."""
-    return _WS.sub(" ", re.sub(r"[^\w\s?]", " ", text.casefold())).strip()
+    return " ".join(_PUNCTUATION.sub(" ", text.casefold()).split())

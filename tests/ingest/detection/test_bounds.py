@@ -11,6 +11,8 @@ import math
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ingest.detection import Detection, Engine, RunState, replay_run
 from ingest.detection.normalize import canonical, digest
@@ -143,3 +145,23 @@ def test_long_texts_are_alike_on_their_view_and_the_state_keeps_the_view():
     state, _ = replay_run([_event("run_started"), _event("model_round", round=1, text=f"{body}?")])
     assert all(len(question[0]) <= FUZZY_CHARS + 18 for question in state.questions)
     assert len(orjson.dumps(state.to_dict())) < 8 * 1024
+
+
+@given(
+    st.text(
+        alphabet=st.sampled_from(" \t\n\r\x0b\x0c\x1c\x1d\x85\xa0\u1680\u2000\u2028\u3000ab?."), max_size=40
+    )
+)
+def test_whitespace_is_collapsed_as_the_regular_expression_did(text):
+    import re
+
+    assert canonical(text) == re.sub(r"\s+", " ", text.strip())
+
+
+@given(st.text(alphabet=st.sampled_from(" \t\n\x85\xa0\u3000aBé?.,!-_'"), max_size=40))
+def test_text_keys_are_what_the_regular_expressions_made(text):
+    import re
+
+    from ingest.detection.normalize import text_key
+
+    assert text_key(text) == re.sub(r"\s+", " ", re.sub(r"[^\w\s?]", " ", text.casefold())).strip()
