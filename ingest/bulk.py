@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 import psycopg
@@ -88,7 +89,29 @@ def _values(rows: Sequence[models.Model], fields: Sequence[models.Field], *, add
     data = []
     for row in rows:
         data.append({f.column: f.pre_save(row, add) for f in fields})
-    return orjson.dumps(data).decode()
+    return dumps_bounded(data).decode()
+
+
+def dumps_bounded(value: Any) -> bytes:
+    """orjson.dumps, and when it refuses an integer past 64 bits (a JSON value of a row: evidence, a
+    state), the same with each such integer written as a float: one odd value must not fail the
+    statement of a whole detection pass. Non-finite floats are written as null, as orjson does."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(_within_64_bits(value))
+
+
+def _within_64_bits(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**64 else float(value)
+    if isinstance(value, dict):
+        return {key: _within_64_bits(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_within_64_bits(item) for item in value]
+    return value
 
 
 @functools.cache

@@ -9,6 +9,7 @@ A bad message gets {"ack": n, "error": code, "detail": ...} and the socket stays
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
@@ -20,6 +21,8 @@ from ingest.api.errors import ApiError
 from ingest.api.events import check_batch_size, ingest_batch
 from ingest.auth import api_key_lookup, bearer_token
 from ingest.models import ApiKey
+
+logger = logging.getLogger(__name__)
 
 # Close codes in the 4000 range (private use), mirroring the HTTP statuses.
 CLOSE_UNAUTHENTICATED = 4401
@@ -101,6 +104,11 @@ class EventsConsumer(AsyncWebsocketConsumer):
             )
         except ApiError as exc:
             await self._send({"ack": ack, "error": exc.error_code, "detail": str(exc.detail)})
+            return
+        except Exception:
+            # As the REST API's 500, but the socket (and the client's next messages) stays up.
+            logger.exception("ingest socket: message %d of tenant %s failed", ack, self.key.tenant_id)
+            await self._send({"ack": ack, "error": "server_error", "detail": "internal error; it was logged"})
             return
         await self._send({"ack": ack, **result.as_dict()})
 

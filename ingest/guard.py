@@ -20,7 +20,9 @@ How (`call_check`):
 2. Bring the run's engine state up to date with `run_process` (the pipeline's own step, under the
    run's cursor lock) when the run holds events its cursor has not reached: the check does not
    wait for Celery to have seen them. Thresholds and tools as the pipeline resolves them
-   (`config_for`), cached CONFIG_TTL_S per process.
+   (`config_for`), cached CONFIG_TTL_S per process. Within a time budget (budget_s): what is not
+   processed by then (or cannot be: a run another task is processing, a run whose detection is
+   quarantined) is left to the pipeline, and the answer says so (`cut_short`).
 3. Sticky ends: a run waiting for a person answers `handoff`, a finished or terminated run
    `terminate`.
 4. Feed the proposed call as a `tool_call` event to the request's own copy of the state (read from
@@ -64,6 +66,11 @@ REUSE_MAX_AGE_S = 600.0
 REUSE_WINDOW = 50
 # Calls listed in a handoff's summary of what was tried.
 TRIED_CALLS = 10
+# A check's time for the events the pipeline has not processed yet (and for finding a reusable
+# result): past it, the answer is given from the state as far as it got, and says so. Passes of
+# GUARD_CHUNK events keep the overshoot small (a pass is not interrupted).
+GUARD_BUDGET_S = 2.0
+GUARD_CHUNK = 20
 # Detectors of the model's words: a tool call is their remedy, not something they should stop.
 TEXT_KINDS = ("clarification", "monologue", "empty_responses")
 # Result-time detections that concern the next call whatever its tool.
@@ -119,6 +126,8 @@ class GuardAnswer:
     handoff: dict[str, Any] | None = None
     reuse: dict[str, Any] | None = None
     ledger: dict[str, Any] | None = None
+    # Set when the answer does not reflect every event of the run: {reason, detail, events_behind}.
+    cut_short: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -129,7 +138,7 @@ class GuardAnswer:
             "hint": self.hint,
             "detections": self.detections,
         }
-        for name in ("diagnosis", "handoff", "reuse", "ledger"):
+        for name in ("diagnosis", "handoff", "reuse", "ledger", "cut_short"):
             value = getattr(self, name)
             if value is not None:
                 body[name] = value
@@ -143,13 +152,16 @@ def call_check(
     call: ProposedCall,
     require_run: bool = False,
     may_claim: bool = True,
+    budget_s: float = GUARD_BUDGET_S,
 ) -> GuardAnswer:
     """The guard's decision about `call` in run `run_id` of `tenant` (see the module docstring).
 
     may_claim: whether the caller may claim operations in the ledger (a write's check does).
+    budget_s: the time for catching the run up and looking for a reusable result.
     Raises RunNotKnown (require_run and no such run) and CallRefused, both before any change.
     """
     now = timezone.now()
+    deadline = time.monotonic() + budget_s
     run = _run_view(tenant.pk, run_id)
     if run is None:
         if require_run:
@@ -164,8 +176,9 @@ def call_check(
 
     if run.position < run.events_count:
         # Events the pipeline has not seen yet: process them now, under the run's lock, as the
-        # Celery task would (it later finds nothing left to do). A run caught up is read as is.
-        run_process(run_pk=run.pk)
+        # Celery task would (it later finds nothing left to do), within the budget. A run caught up
+        # is read as is.
+        run_process(run_pk=run.pk, chunk=GUARD_CHUNK, deadline=deadline)
         run = _run_view(tenant.pk, run_id) or run
     engine = Engine(_config(run.tenant_id, run.backend, run.model, run.task_type))
     state = _state(run)
@@ -177,7 +190,9 @@ def call_check(
     declared_write = _declared_write(kind, kind_from)
     if declared_write:
         _write_ready(call, kind, may_claim)
-    answer = GuardAnswer("allow", run_known=True, kind=kind, kind_from=kind_from)
+    answer = GuardAnswer(
+        "allow", run_known=True, kind=kind, kind_from=kind_from, cut_short=_behind(run, budget_s)
+    )
 
     if run.status == Run.Status.WAITING:
         answer.decision, answer.handoff = "handoff", run.handoff or {}
@@ -235,7 +250,19 @@ def call_check(
         # The duplicate-write detector's correction says what the ledger knows better.
         _ledger_decide(answer, tenant=tenant, run_id=run_id, call=call)
         return answer
-    reuse = _reusable(run, engine, call, (sig, cursor), call.ts or now) if may_reuse else None
+    reuse = None
+    if may_reuse:
+        reuse = _reusable(run, engine, call, (sig, cursor), call.ts or now, deadline)
+        if reuse is _OUT_OF_TIME:
+            reuse = None
+            answer.cut_short = answer.cut_short or {
+                "reason": "time_budget",
+                "detail": (
+                    f"the time budget of {budget_s:g} s ran out before the earlier identical calls were "
+                    "compared: a reusable result, if any, was not looked for"
+                ),
+                "events_behind": 0,
+            }
     if reuse is not None:
         answer.decision, answer.reuse = "reuse", reuse
         if not answer.hint:
@@ -246,6 +273,32 @@ def call_check(
     elif level == CORRECT:
         answer.decision = "correct"
     return answer
+
+
+def _behind(run: _RunView, budget_s: float) -> dict[str, Any] | None:
+    """cut_short for a run whose cursor is behind its events after the catching up, else None."""
+    behind = run.events_count - run.position
+    if behind <= 0:
+        return None
+    if run.failures:
+        retry = run.retry_at.isoformat() if run.retry_at else "later"
+        return {
+            "reason": "detection_failed",
+            "detail": (
+                f"detection failed on this run ({run.error}); its events after #{run.position} are not "
+                f"processed until it is tried again ({retry}): this answer does not reflect them"
+            ),
+            "events_behind": behind,
+        }
+    return {
+        "reason": "time_budget",
+        "detail": (
+            f"the run's events after #{run.position} were not all processed within the time budget of "
+            f"{budget_s:g} s (or another task is processing them): this answer does not reflect the "
+            f"last {behind}; the pipeline processes them"
+        ),
+        "events_behind": behind,
+    }
 
 
 _configs: dict[tuple[int, str, str, str], tuple[float, Config]] = {}
@@ -314,6 +367,9 @@ class _RunView:
     handoff: dict[str, Any] | None
     position: int
     engine_state: dict[str, Any] | None
+    failures: int = 0  # the cursor's quarantine (ingest.services)
+    error: str = ""
+    retry_at: datetime | None = None
 
 
 # By hand rather than through the ORM: the engine state is the biggest value a check reads, and
@@ -321,7 +377,8 @@ class _RunView:
 _RUN_VIEW_SQL = f"""
 SELECT r.id, r.tenant_id, r.backend, r.model, r.task_type, r.status, r.terminated_by, r.budget_type,
        r.reason, r.rounds, r.tool_calls, r.tool_errors, r.cost_usd, r.last_progress_step, r.events_count,
-       r.handoff, COALESCE(c.position, 0), c.engine_state
+       r.handoff, COALESCE(c.position, 0), c.engine_state, COALESCE(c.failures, 0), COALESCE(c.error, ''),
+       c.retry_at
 FROM {Run._meta.db_table} r LEFT JOIN {Run._meta.get_field("cursor").related_model._meta.db_table} c
   ON c.run_id = r.id
 WHERE r.tenant_id = %s AND r.run_id = %s
@@ -338,8 +395,16 @@ def _run_view(tenant_id: int, run_id: str) -> _RunView | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    *head, handoff, position, engine_state = row
-    return _RunView(*head, handoff=_json(handoff), position=position, engine_state=_json(engine_state))
+    *head, handoff, position, engine_state, failures, error, retry_at = row
+    return _RunView(
+        *head,
+        handoff=_json(handoff),
+        position=position,
+        engine_state=_json(engine_state),
+        failures=failures,
+        error=error,
+        retry_at=_utc(retry_at),
+    )
 
 
 def _state(run: _RunView) -> RunState:
@@ -491,10 +556,19 @@ def _utc(value: datetime | str | None) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+_OUT_OF_TIME: dict[str, Any] = {}  # _reusable's answer when the deadline passed first
+
+
 def _reusable(
-    run: _RunView, engine: Engine, call: ProposedCall, identity: tuple[str, str], now: datetime
+    run: _RunView,
+    engine: Engine,
+    call: ProposedCall,
+    identity: tuple[str, str],
+    now: datetime,
+    deadline: float,
 ) -> dict[str, Any] | None:
-    """The result to give back instead of calling again, or None.
+    """The result to give back instead of calling again, or None (_OUT_OF_TIME: the deadline came
+    before the earlier calls were all compared; their arguments may be large).
 
     "Has not changed" means: the last two answered calls with the same identity (the engine's
     signature and cursor) both succeeded with the same result digest, no write of the run came
@@ -506,6 +580,8 @@ def _reusable(
         rows = cursor.fetchall()
     same: list[tuple] = []
     for row in rows:
+        if time.monotonic() >= deadline:
+            return _OUT_OF_TIME
         tool, kind, args, answered, status, truncated, error_class = row[1:8]
         if kind == ToolCall.Kind.WRITE:
             return None

@@ -116,3 +116,13 @@ def exposition() -> tuple[bytes, str]:
     from prometheus_client import REGISTRY
 
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+# Not labelled by tenant or run: the runs themselves are listed on the runs page (detection failed).
+DETECTION_QUARANTINED = Counter(
+    "detection_quarantined_total", "Detection passes that failed on a run, which was quarantined."
+)
+
+
+def detection_quarantined() -> None:
+    DETECTION_QUARANTINED.inc()

@@ -186,7 +186,9 @@ class Event(models.Model):
 class RunCursor(models.Model):
     """How far the detection task has processed a run: events with seq <= position are done.
 
-    A row of its own, so that the task's lock never blocks ingest's updates of the run.
+    A row of its own, so that the task's lock never blocks ingest's updates of the run. A run whose
+    processing raised is quarantined here (failures > 0): passed over until retry_at, then tried
+    again, with a wait that doubles each time it fails (ingest.services).
     """
 
     run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="cursor")
@@ -194,6 +196,18 @@ class RunCursor(models.Model):
     processed = models.PositiveIntegerField(default=0, help_text="Events processed, all passes together.")
     engine_state = models.JSONField(null=True, blank=True, help_text="The detection engine's RunState.")
     updated_at = models.DateTimeField(auto_now=True)
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Detection passes in a row that failed on this run; 0: not quarantined."
+    )
+    error = models.TextField(blank=True, default="", help_text="Why the last of them failed.")
+    failed_at = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="Quarantined until then.")
+
+    class Meta:
+        indexes = [
+            # The quarantined runs, few among many: the runs list's filter, the sweep's exclusion.
+            models.Index(fields=["retry_at"], name="cursor_quarantined", condition=models.Q(failures__gt=0))
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}@{self.position}"

@@ -5,15 +5,22 @@ microseconds an event) and its messages name the field path and the reason the
 way a client needs them: `[3].args: must be an object`. A test checks it
 against trace-events.schema.json on generated events.
 
-Two deliberate strictnesses beyond the JSON Schema, both to keep a stored event
-storable: integers are at most 2**31-1 (the database column), and no string
-may hold U+0000 (PostgreSQL's jsonb cannot store it).
+The limits of docs/limits.md keep every accepted event storable, readable and
+cheap to process, whoever sent it: integers at most 2**31-1 (the database
+column), numbers finite and capped (a cost of 1e308 overflowed every sum it
+entered), `ts` with an offset within ±14:00 and a year from 2000 to 2100 (an
+offset of +20:00 or a year 0001 with an offset is stored, then unreadable), and
+no value nested deeper than MAX_DEPTH (orjson cannot write past 255 levels, and
+each level is a recursion somewhere). The JSON Schema says the same where it
+can; two checks it cannot say: nesting depth, and no string may hold U+0000
+(PostgreSQL's jsonb cannot store it).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 EVENT_TYPES = ("run_started", "user_message", "model_round", "tool_call", "tool_result", "run_finished")
@@ -40,8 +47,25 @@ BUDGET_KEYS = (
     "max_wall_s",
 )
 MAX_INT = 2**31 - 1  # the database's integer column
+# Caps on the numbers the pipeline sums (docs/limits.md): far above any real value, far below where
+# a sum of them could overflow (2**31 events of each cap is still a finite float).
+MAX_COST_USD = 1_000_000  # one model round's cost
+MAX_BUDGET = 1_000_000_000  # budgets.max_cost_usd (USD) and budgets.max_wall_s (about 31 years)
+MAX_LATENCY_MS = 10_000_000_000  # one tool call (about 115 days)
+# Objects and arrays inside an event nest at most this deep (the event itself not counted).
+MAX_DEPTH = 64
+TS_YEARS = (2000, 2100)  # a `ts` is written with a year in this range, both included
+MAX_OFFSET = timedelta(hours=14)  # the widest offset in use (Kiribati, UTC+14:00)
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+# The same, within the limits: the year from TS_YEARS, the offset within MAX_OFFSET, each field in its
+# range (so that text generated from the JSON Schema's `pattern`, which this is, is nearly always a
+# valid date-time too). What it refuses, the full check explains (_ts_problem).
+TS_PATTERN = (
+    r"^(?:20\d{2}|2100)-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[Tt ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+    r"(?:\.\d+)?(?:[Zz]|[+-](?:0\d|1[0-3]):[0-5]\d|[+-]14:00)$"
+)
+_TS_WITHIN = re.compile(TS_PATTERN)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 Errors = list[tuple[str, str]]
@@ -57,13 +81,61 @@ class EventError(Exception):
 
 
 def parse_ts(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp (with its offset) as an aware datetime, or None."""
+    """An RFC 3339 timestamp (with its offset) as an aware datetime, or None. Not the limits: this
+    reads what is stored too (check_ts checks what comes in)."""
     if not isinstance(value, str) or not _RFC3339.match(value):
         return None
     try:
         return datetime.fromisoformat(value)
     except ValueError:
         return None
+
+
+def check_ts(value: Any, field: str = "ts") -> datetime:
+    """A `ts` that comes in, parsed; EventError when it is not RFC 3339 or outside the limits."""
+    ts = parse_ts(value)
+    if ts is None:
+        raise EventError(field, "must be an RFC 3339 timestamp with an offset, like 2026-11-29T10:00:00Z")
+    if not _TS_WITHIN.match(value):
+        raise EventError(field, _ts_problem(ts))
+    return ts
+
+
+def _ts_problem(ts: datetime) -> str:
+    offset = ts.utcoffset() or timedelta(0)
+    if abs(offset) > MAX_OFFSET:
+        sign, size = ("-", -offset) if offset < timedelta(0) else ("+", offset)
+        hours, rest = divmod(int(size.total_seconds()), 3600)
+        return f"the offset must be within ±14:00 (got {sign}{hours:02d}:{rest // 60:02d})"
+    low, high = TS_YEARS
+    if not low <= ts.year <= high:
+        return f"the year must be between {low} and {high} (got {ts.year:04d})"
+    return "must be an RFC 3339 timestamp with an offset, like 2026-11-29T10:00:00Z"
+
+
+def check_nesting(value: Any, field: str) -> None:
+    """EventError when objects and arrays in `value` nest deeper than MAX_DEPTH (value itself being
+    the first level): for JSON values outside events too (a claim's args, a completion's result)."""
+    if (type(value) is dict or type(value) is list) and _deeper_than(value, MAX_DEPTH):
+        raise EventError(field, f"must not nest deeper than {MAX_DEPTH} levels of objects and arrays")
+
+
+def _deeper_than(value: dict | list, limit: int) -> bool:
+    """Whether `value` nests more than `limit` levels, itself the first. Recurses `limit` at most."""
+    if limit <= 0:
+        return True
+    for item in value.values() if type(value) is dict else value:
+        if (type(item) is dict or type(item) is list) and _deeper_than(item, limit - 1):
+            return True
+    return False
+
+
+def _shallow(ev: dict) -> bool:
+    """Every value of the event within MAX_DEPTH (the fast path's check)."""
+    for value in ev.values():
+        if (type(value) is dict or type(value) is list) and _deeper_than(value, MAX_DEPTH):
+            return False
+    return True
 
 
 def _type_name(value: Any) -> str:
@@ -106,25 +178,39 @@ def _integer(
             raise EventError(path or key, "is required")
         return
     value = ev[key]
-    # JSON Schema counts 3.0 as an integer; store it as 3.
+    # JSON Schema counts 3.0 as an integer; store it as 3 (when it is in range: int(1e308) is a
+    # number of 309 digits).
     if isinstance(value, float) and value.is_integer():
+        if not minimum <= value <= MAX_INT:
+            bound = f"at least {minimum}" if value < minimum else f"at most {MAX_INT}"
+            raise EventError(path or key, f"must be {bound} (got {value:g})")
         value = ev[key] = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise EventError(path or key, f"must be an integer, not {_type_name(value)}")
     if value < minimum:
-        raise EventError(path or key, f"must be at least {minimum} (got {value})")
+        raise EventError(path or key, f"must be at least {minimum} (got {_short(value)})")
     if value > MAX_INT:
-        raise EventError(path or key, f"must be at most {MAX_INT} (got {value})")
+        raise EventError(path or key, f"must be at most {MAX_INT} (got {_short(value)})")
 
 
 def _number(
-    ev: dict, key: str, *, minimum: float = 0, exclusive: bool = False, path: str | None = None
+    ev: dict,
+    key: str,
+    *,
+    maximum: int,
+    minimum: float = 0,
+    exclusive: bool = False,
+    path: str | None = None,
 ) -> None:
     if key not in ev:
         return
     value = ev[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise EventError(path or key, f"must be a number, not {_type_name(value)}")
+    if not math.isfinite(value):
+        raise EventError(path or key, f"must be a finite number (got {value})")
+    if value > maximum:
+        raise EventError(path or key, f"must be at most {maximum} (got {value:g})")
     if exclusive and value <= minimum:
         raise EventError(path or key, f"must be greater than {minimum} (got {value})")
     if not exclusive and value < minimum:
@@ -163,7 +249,7 @@ def _check_run_started(ev: dict) -> None:
             _integer(budgets, key, minimum=1, path=f"budgets.{key}")
         _integer(budgets, "max_same_tool_retries", minimum=0, path="budgets.max_same_tool_retries")
         for key in ("max_cost_usd", "max_wall_s"):
-            _number(budgets, key, minimum=0, exclusive=True, path=f"budgets.{key}")
+            _number(budgets, key, maximum=MAX_BUDGET, minimum=0, exclusive=True, path=f"budgets.{key}")
     if "labels" in ev:
         labels = ev["labels"]
         if not isinstance(labels, dict):
@@ -181,7 +267,7 @@ def _check_model_round(ev: dict) -> None:
     _integer(ev, "round", required=True, minimum=1)
     _integer(ev, "input_tokens", minimum=0)
     _integer(ev, "output_tokens", minimum=0)
-    _number(ev, "cost_usd", minimum=0)
+    _number(ev, "cost_usd", maximum=MAX_COST_USD, minimum=0)
     _string(ev, "text")
 
 
@@ -208,7 +294,7 @@ def _check_tool_result(ev: dict) -> None:
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise EventError("result_sha256", "must be 64 lowercase hex characters (a sha256)")
     _enum(ev, "error_class", ERROR_CLASSES)
-    _number(ev, "latency_ms", minimum=0)
+    _number(ev, "latency_ms", maximum=MAX_LATENCY_MS, minimum=0)
     _string(ev, "external_request_id", max_len=500)
 
 
@@ -232,7 +318,8 @@ _CHECKS = {
 def validate_event(ev: Any) -> datetime:
     """Check one event; return its parsed `ts`. Raises EventError on the first wrong field.
 
-    Integral floats in integer fields are rewritten as ints in place.
+    Integral floats in integer fields are rewritten as ints in place. The limits (MAX_*, TS_YEARS,
+    MAX_OFFSET, MAX_DEPTH) are checked here, for every way in.
 
     Most events are plain and valid: a fast path checks those with a few inline type and
     range tests and returns their `ts`. Anything it does not take as certainly fine (an error,
@@ -254,6 +341,7 @@ def validate_event(ev: Any) -> datetime:
                 and (event_id is _ABSENT or (type(event_id) is str and 0 < len(event_id) <= 200))
                 and fast(get)
                 and _ts_match(raw_ts)
+                and _shallow(ev)
             ):
                 try:
                     return _fromisoformat(raw_ts)
@@ -274,11 +362,11 @@ def _validate_event(ev: Any) -> datetime:
     _string(ev, "run_id", required=True, min_len=1, max_len=200)
     if "ts" not in ev:
         raise EventError("ts", "is required")
-    ts = parse_ts(ev["ts"])
-    if ts is None:
-        raise EventError("ts", "must be an RFC 3339 timestamp with an offset, like 2026-11-29T10:00:00Z")
+    ts = check_ts(ev["ts"])
     _string(ev, "event_id", min_len=1, max_len=200)
     check(ev)
+    for key, value in ev.items():
+        check_nesting(value, str(key))
     return ts
 
 
@@ -287,7 +375,7 @@ def _validate_event(ev: Any) -> datetime:
 # the same choices as the full check; a missing optional field is _ABSENT.
 
 _ABSENT = object()
-_ts_match = _RFC3339.match
+_ts_match = _TS_WITHIN.match
 _fromisoformat = datetime.fromisoformat
 _TOOL_KINDS = frozenset(TOOL_KINDS)
 _RESULT_STATUSES = frozenset(RESULT_STATUSES)
@@ -305,7 +393,9 @@ def _fast_model_round(get) -> bool:
     if value is not _ABSENT and (type(value) is not int or not 0 <= value <= MAX_INT):
         return False
     value = get("cost_usd", _ABSENT)
-    if value is not _ABSENT and ((type(value) is not float and type(value) is not int) or not value >= 0):
+    if value is not _ABSENT and (
+        (type(value) is not float and type(value) is not int) or not 0 <= value <= MAX_COST_USD
+    ):
         return False
     value = get("text", _ABSENT)
     return value is _ABSENT or type(value) is str
@@ -350,7 +440,9 @@ def _fast_tool_result(get) -> bool:
     if value is not _ABSENT and (type(value) is not str or value not in _ERROR_CLASSES):
         return False
     value = get("latency_ms", _ABSENT)
-    if value is not _ABSENT and ((type(value) is not float and type(value) is not int) or not value >= 0):
+    if value is not _ABSENT and (
+        (type(value) is not float and type(value) is not int) or not 0 <= value <= MAX_LATENCY_MS
+    ):
         return False
     value = get("external_request_id", _ABSENT)
     return value is _ABSENT or (type(value) is str and len(value) <= 500)

@@ -20,6 +20,8 @@ def run_list(*, tenant: Tenant, filters: dict[str, str] | None = None, limit: in
     for name, value in (filters or {}).items():
         if name in ("status", "backend", "task_type", "agent", "model") and value:
             qs = qs.filter(**{name: value})
+        elif name == "detection" and value == "failed":  # quarantined (RunCursor.failures)
+            qs = qs.filter(cursor__failures__gt=0)
     return qs.order_by("-started_at", "-pk")[:limit]
 
 

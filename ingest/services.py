@@ -23,12 +23,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
-from django.db import connection, models, transaction
-from django.db.models.functions import RowNumber
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import InterfaceError, OperationalError, connection, models, transaction
+from django.db.models.functions import Least, RowNumber
 from django.utils import timezone
 
-from ingest.bulk import insert_statement, statements_run, update_statement
+from ingest import metrics
+from ingest.bulk import dumps_bounded, insert_statement, statements_run, update_statement
 from ingest.detection import ACTIONS, Config, Engine, RunState
+from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.events import ALERT_MESSAGE, alerts_group
 from ingest.ledger import TRACE_FINISHED, TRACE_STARTED, trace_writes_record
 from ingest.models import (
@@ -46,7 +49,7 @@ from ingest.models import (
 )
 from ingest.pending import TAKE, TASK_BUDGET_S, enqueue_timeout_s, pending_add, pending_count, pending_take
 from ingest.pricing import Price, PriceBook
-from ingest.schema import EventError, find_nul, parse_ts, validate_event
+from ingest.schema import MAX_COST_USD, EventError, find_nul, parse_ts, validate_event
 from ingest.selectors import Scope, configs_for
 
 logger = logging.getLogger(__name__)
@@ -423,7 +426,8 @@ def _store(
         book = _PriceBook(pairs) if connection.vendor == "postgresql" else PriceBook(pairs)
         for pk, usage in unpriced.items():
             price = book.price(changed[pk].backend, changed[pk].model)
-            changed[pk].cost_usd += sum(price.cost(i, o) for i, o in usage)
+            cost = changed[pk].cost_usd + sum(price.cost(i, o) for i, o in usage)
+            changed[pk].cost_usd = min(cost, MAX_TOTAL_USD)
     # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
     rows.sort(key=_BY_RUN)
     _events_insert(tenant.pk, rows)
@@ -565,7 +569,7 @@ def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
         run.input_tokens += event.get("input_tokens", 0)
         run.output_tokens += event.get("output_tokens", 0)
         if "cost_usd" in event:
-            run.cost_usd += event["cost_usd"]
+            run.cost_usd = min(run.cost_usd + event["cost_usd"], MAX_TOTAL_USD)
             return False
         return True
     if kind == "tool_call":
@@ -648,10 +652,11 @@ def _events_insert(tenant_pk: int, rows: list[tuple]) -> None:
     )
 
 
-def detection_enqueue(run_pks: list[int], *, force: bool = False) -> None:
+def detection_enqueue(run_pks: list[int], *, force: bool = False, delay_s: float = 0) -> None:
     """Queue detection for the runs a batch touched: they join the runs waiting in Redis, and a
     detect_pending task is queued when none is (ingest.pending says why), or always with `force`
-    (the sweep: a flag may be left by a command that timed out, or by a process that died).
+    (the sweep: a flag may be left by a command that timed out, or by a process that died), to run
+    after `delay_s`.
 
     Called in the request's thread after the commit, it holds the request at most about
     enqueue_timeout_s: Redis not answering in time, the runs are handed to this process's requeue
@@ -676,16 +681,19 @@ def detection_enqueue(run_pks: list[int], *, force: bool = False) -> None:
         if _requeue.add(run_pks):  # the first of an outage: the requeue says when it is over
             logger.warning("enqueueing runs: Redis did not answer (%s); adding them again later", exc)
         return
-    sent = _publisher().submit(_detect_pending_send, run_pks)
+    sent = _publisher().submit(_detect_pending_send, run_pks, delay_s)
     with contextlib.suppress(FuturesTimeout):
         sent.result(timeout=enqueue_timeout_s())  # else still sending; the requeue has it if it fails
 
 
-def _detect_pending_send(run_pks: list[int]) -> None:
+def _detect_pending_send(run_pks: list[int], delay_s: float = 0) -> None:
     from ingest.tasks import detect_pending
 
     try:
-        detect_pending.delay()
+        if delay_s:
+            detect_pending.apply_async(countdown=delay_s)
+        else:
+            detect_pending.delay()
     except Exception as exc:  # the broker is away: our flag is set and no task queued
         logger.warning("queueing detection of %d runs failed (%s); trying again later", len(run_pks), exc)
         _requeue.add(run_pks)
@@ -775,11 +783,16 @@ _publisher_pool: ThreadPoolExecutor | None = None
 _publisher_lock = threading.Lock()
 
 
+RETRY_AFTER_FAILURE_S = 10  # a detect_pending task that failed so is queued again this much later
+
+
 def runs_pending_process(*, budget_s: float = TASK_BUDGET_S, take: int = TAKE) -> int:
     """The detect_pending task: take the runs waiting in Redis and process them, pass after pass,
     until none is left or `budget_s` has passed; then queue the next task if runs are left.
 
-    Runs taken by a pass that fails go back into the set before the error goes on.
+    Runs taken by a pass that fails go back into the set before the error goes on, with the next
+    task RETRY_AFTER_FAILURE_S later: a run's own failure is quarantined inside the pass, so what
+    comes out here is everyone's (the database gone, the time limit), and at once would loop hot.
     """
     started = time.monotonic()
     total = 0
@@ -788,7 +801,7 @@ def runs_pending_process(*, budget_s: float = TASK_BUDGET_S, take: int = TAKE) -
         try:
             total += runs_process(run_pks=run_pks, skip_locked=True)
         except BaseException:
-            detection_enqueue(run_pks)
+            detection_enqueue(run_pks, delay_s=RETRY_AFTER_FAILURE_S)
             raise
         if time.monotonic() - started > budget_s:
             if pending_count():
@@ -831,13 +844,19 @@ RUN_FIELDS = (
 _Events = list[tuple[int, str, datetime, dict]]
 
 
-def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK) -> int:
+def run_process(*, run_pk: int, chunk: int = PROCESS_CHUNK, deadline: float | None = None) -> int:
     """Process a run's events after its cursor, once and in order: runs_process of this one run
-    (which waits for the run's lock). Returns how many it processed."""
-    return runs_process(run_pks=[run_pk], chunk=chunk)
+    (which waits for the run's lock, unless a deadline is given). Returns how many it processed."""
+    return runs_process(run_pks=[run_pk], chunk=chunk, skip_locked=deadline is not None, deadline=deadline)
 
 
-def runs_process(*, run_pks: Iterable[int], chunk: int = PROCESS_CHUNK, skip_locked: bool = False) -> int:
+def runs_process(
+    *,
+    run_pks: Iterable[int],
+    chunk: int = PROCESS_CHUNK,
+    skip_locked: bool = False,
+    deadline: float | None = None,
+) -> int:
     """Process the events after the cursors of several runs, each once and in order, in passes that
     take the runs together: a pass costs the same dozen queries for one run as for fifty (a task
     of interleaved traffic brings a few events of each of ~50 runs). Returns how many it processed.
@@ -855,6 +874,9 @@ def runs_process(*, run_pks: Iterable[int], chunk: int = PROCESS_CHUNK, skip_loc
        runs' figures and cursors, one statement each for all the runs (_detect); commit; publish
        the alerts.
     5. Again for the runs that had more events than their share, until every run is caught up.
+
+    deadline (time.monotonic()): no pass starts after it, and runs another task holds are not waited
+    for; the work left is the Celery task's (the guard answers within its time budget this way).
     """
     order = list(dict.fromkeys(run_pks))
     cache = _PassCache()
@@ -864,6 +886,10 @@ def runs_process(*, run_pks: Iterable[int], chunk: int = PROCESS_CHUNK, skip_loc
         processed, order, skipped = _runs_pass(order, chunk, skip_locked, cache)
         total += processed
         passed_over += skipped
+        if deadline is not None:
+            if time.monotonic() >= deadline:
+                break
+            passed_over = []
         if not order:
             order, passed_over, skip_locked = passed_over, [], False
     return total
@@ -895,24 +921,107 @@ class _PassCache:
         return self.book.price(backend, model)
 
 
+# A run whose processing raises is quarantined: passed over until its next try, QUARANTINE_FIRST_S
+# later, then twice as long after each further failure, at most QUARANTINE_MAX_S. detect_sweep (Celery
+# beat, every minute) and the run's next batch queue it again once it is due. Long enough that a run
+# that always fails costs a pass now and then, not a pass a second; short enough that a run broken
+# by a passing fault (a bug fixed by a deploy) is back within minutes.
+QUARANTINE_FIRST_S = 60
+QUARANTINE_MAX_S = 6 * 3600
+QUARANTINE_ERROR_CHARS = 500
+
+# Failures that are not a run's fault: the task's time limit, the database gone. They go on up (the
+# task fails, its runs are queued again) rather than quarantining every run of the pass.
+_NOT_THE_RUNS = (SoftTimeLimitExceeded, OperationalError, InterfaceError)
+
+
+@dataclass
+class _PassOutcome:
+    runs: list[Run] = field(default_factory=list)
+    events: dict[int, _Events] = field(default_factory=dict)
+    alerts: list[tuple[int, dict]] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+
+
 def _runs_pass(
     order: list[int], chunk: int, skip_locked: bool, cache: _PassCache
 ) -> tuple[int, list[int], list[int]]:
-    """One pass of runs_process: (events processed, runs with more to do, runs passed over)."""
+    """One pass of runs_process: (events processed, runs with more to do, runs passed over).
+
+    All the runs together in one savepoint, the fast way. When that raises, its work is rolled back
+    and the runs are taken again one at a time, each in a savepoint of its own: a run that raises
+    alone is quarantined (_quarantine), the others are processed as if it had not been there. One
+    run's bad data thus costs one wasted pass, not every run's detection.
+    """
     limit = chunk if len(order) <= 1 else max(chunk // len(order), RUN_CHUNK_MIN)
     with transaction.atomic():
-        cursors, events, found = _pass_read(order, limit, skip_locked, cache)
-        skipped = [pk for pk in order if pk not in cursors] if skip_locked else []
-        runs = [found[pk] for pk in order if pk in cursors and pk in events and pk in found]
-        if not runs:
-            return 0, [], skipped
-        cache.load_configs(runs)
-        duplicates = _materialize(runs, events, cache)
-        alerts = _detect(runs, cursors, events, duplicates, cache)
-    if alerts:
-        alerts_publish_all(alerts=alerts)
+        try:
+            with transaction.atomic():
+                outcome = _pass_run(order, limit, skip_locked, cache)
+        except _NOT_THE_RUNS:
+            raise
+        except Exception as exc:
+            outcome = _PassOutcome()
+            if len(order) == 1:
+                _quarantine(order[0], exc)
+            else:
+                for run_pk in order:
+                    try:
+                        with transaction.atomic():
+                            alone = _pass_run([run_pk], limit, skip_locked, cache)
+                    except _NOT_THE_RUNS:
+                        raise
+                    except Exception as run_exc:
+                        _quarantine(run_pk, run_exc)
+                        continue
+                    outcome.runs += alone.runs
+                    outcome.events.update(alone.events)
+                    outcome.alerts += alone.alerts
+                    outcome.skipped += alone.skipped
+    if outcome.alerts:
+        alerts_publish_all(alerts=outcome.alerts)
+    runs, events = outcome.runs, outcome.events
     processed = sum(len(events[run.pk]) for run in runs)
-    return processed, [run.pk for run in runs if len(events[run.pk]) >= limit], skipped
+    return processed, [run.pk for run in runs if len(events[run.pk]) >= limit], outcome.skipped
+
+
+def _pass_run(order: list[int], limit: int, skip_locked: bool, cache: _PassCache) -> _PassOutcome:
+    """Steps 1 to 4 of runs_process for these runs, in the caller's transaction."""
+    cursors, events, found = _pass_read(order, limit, skip_locked, cache)
+    skipped = [pk for pk in order if pk not in cursors] if skip_locked else []
+    runs = [found[pk] for pk in order if pk in cursors and pk in events and pk in found]
+    if not runs:
+        return _PassOutcome(skipped=skipped)
+    cache.load_configs(runs)
+    duplicates = _materialize(runs, events, cache)
+    alerts = _detect(runs, cursors, events, duplicates, cache)
+    return _PassOutcome(runs=runs, events=events, alerts=alerts, skipped=skipped)
+
+
+def _quarantine(run_pk: int, exc: BaseException) -> None:
+    """Mark the run's cursor failed once more, with why and when to try again (doubling waits)."""
+    reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:QUARANTINE_ERROR_CHARS]
+    now = timezone.now()
+    failures = (
+        RunCursor.objects.select_for_update().filter(run_id=run_pk).values_list("failures", flat=True).first()
+    )
+    if failures is None:
+        return
+    failures += 1
+    wait = min(QUARANTINE_FIRST_S * 2 ** min(failures - 1, 20), QUARANTINE_MAX_S)
+    retry_at = now + timedelta(seconds=wait)
+    RunCursor.objects.filter(run_id=run_pk).update(
+        failures=failures, error=reason, failed_at=now, retry_at=retry_at, updated_at=now
+    )
+    metrics.detection_quarantined()
+    logger.warning(
+        "run %s: detection failed (%d in a row), quarantined until %s: %s",
+        run_pk,
+        failures,
+        retry_at.isoformat(),
+        reason,
+        exc_info=exc,
+    )
 
 
 @dataclass(slots=True)
@@ -928,15 +1037,16 @@ class _CursorRow:
 # decoded by orjson, several times faster than the JSONField's json.loads: jsonb arrives as text),
 # then each run's next events after its cursor, `limit` at most, by the (run, seq) index (the
 # subquery takes the rows the first statement locked), then the runs.
+# Runs quarantined and not yet due are left out (failures > 0 and retry_at after now).
 _CURSORS_LOCK_SQL = (
     f"SELECT run_id, position, processed, engine_state FROM {RunCursor._meta.db_table} "
-    "WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE{skip}"
+    "WHERE run_id = ANY(%s) AND (failures = 0 OR retry_at <= %s) ORDER BY run_id FOR UPDATE{skip}"
 )
 _EVENTS_AFTER_SQL = f"""
 SELECT c.run_id, e.seq, e.type, e.ts, e.body
 FROM (
     SELECT run_id, position FROM {RunCursor._meta.db_table}
-    WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE{{skip}}
+    WHERE run_id = ANY(%s) AND (failures = 0 OR retry_at <= %s) ORDER BY run_id FOR UPDATE{{skip}}
 ) AS c
 CROSS JOIN LATERAL (
     SELECT seq, type, ts, body FROM {Event._meta.db_table}
@@ -955,18 +1065,22 @@ def _pass_read(
     """Lock the runs' cursors, read their events after them (at most `limit` each) and the runs:
     ({run pk: cursor}, {run pk: events in seq order}, {run pk: run}). On PostgreSQL in one round
     trip, with the prices of the runs' backends the first time."""
+    now = timezone.now()
     if connection.vendor != "postgresql":
+        due = models.Q(failures=0) | models.Q(retry_at__lte=now)
         cursors = {
             cursor.run_id: cursor
-            for cursor in RunCursor.objects.select_for_update().filter(run_id__in=order).order_by("run_id")
+            for cursor in RunCursor.objects.select_for_update()
+            .filter(due, run_id__in=order)
+            .order_by("run_id")
         }
         events = _events_after(cursors, limit) if cursors else {}
         return cursors, events, Run.objects.only(*RUN_FIELDS).in_bulk(list(events))
     skip = " SKIP LOCKED" if skip_locked else ""
     locked, rows, runs, prices = statements_run(
         [
-            (_CURSORS_LOCK_SQL.format(skip=skip), [order]),
-            (_EVENTS_AFTER_SQL.format(skip=skip), [order, limit]),
+            (_CURSORS_LOCK_SQL.format(skip=skip), [order, now]),
+            (_EVENTS_AFTER_SQL.format(skip=skip), [order, now, limit]),
             (_RUNS_SQL, [order]),
             None if cache.book is not None else (_PriceBook.RUNS_SQL, [order]),
         ]
@@ -1017,8 +1131,9 @@ def run_reprocess(*, run_pk: int) -> int:
         ModelRound.objects.filter(run_id=run_pk).delete()
         ToolCall.objects.filter(run_id=run_pk).delete()
         PendingResult.objects.filter(run_id=run_pk).delete()
-        cursor.position, cursor.engine_state = 0, None
-        cursor.save(update_fields=["position", "engine_state", "updated_at"])
+        # An operator's "process again" is also the try a quarantined run waits for: due now.
+        cursor.position, cursor.engine_state, cursor.failures, cursor.retry_at = 0, None, 0, None
+        cursor.save(update_fields=["position", "engine_state", "failures", "retry_at", "updated_at"])
         Run.objects.filter(pk=run_pk).update(cost_after_loop_usd=0)  # every round is counted again
     return run_process(run_pk=run_pk)
 
@@ -1143,9 +1258,19 @@ def _loop_cost(run: Run, events: _Events, rows: list[Detection]) -> tuple[int | 
     if first is None:
         return None, 0.0
     burned = math.fsum(
-        body["cost_usd"] for seq, kind, _, body in events if kind == "model_round" and seq > first
+        round_cost(body.get("cost_usd"))
+        for seq, kind, _, body in events
+        if kind == "model_round" and seq > first
     )
     return first, burned
+
+
+def round_cost(value: Any) -> float:
+    """A round's cost as the figures count it: within the cap the way in checks (MAX_COST_USD), so
+    that no sum of them overflows (math.fsum raised on two rounds of 1e308 stored before the cap)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return 0.0
+    return float(min(value, MAX_COST_USD))
 
 
 # PostgreSQL: the pass's cursors and run figures in one statement. The runs are locked in pk order
@@ -1155,7 +1280,8 @@ def _loop_cost(run: Run, events: _Events, rows: list[Detection]) -> tuple[int | 
 _PROGRESS_SQL = f"""
 WITH positions AS (
     UPDATE {RunCursor._meta.db_table} AS c
-    SET position = v.position, processed = v.processed, engine_state = v.engine_state, updated_at = %s
+    SET position = v.position, processed = v.processed, engine_state = v.engine_state, updated_at = %s,
+        failures = 0, error = '', failed_at = NULL, retry_at = NULL
     FROM jsonb_to_recordset(%s::jsonb)
         AS v(run_id bigint, position integer, processed integer, engine_state jsonb)
     WHERE c.run_id = v.run_id
@@ -1171,7 +1297,7 @@ UPDATE {Run._meta.db_table} AS r SET
     loop_flagged = r.loop_flagged OR COALESCE(v.loop_flagged, false),
     first_loop_at = COALESCE(r.first_loop_at, v.first_loop_at),
     first_loop_seq = COALESCE(v.first_loop_seq, r.first_loop_seq),
-    cost_after_loop_usd = r.cost_after_loop_usd + COALESCE(v.cost_after_loop_usd, 0),
+    cost_after_loop_usd = LEAST(r.cost_after_loop_usd + COALESCE(v.cost_after_loop_usd, 0), {MAX_TOTAL_USD}),
     terminated_by = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
         THEN v.terminated_by ELSE r.terminated_by END,
     budget_type = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
@@ -1197,7 +1323,7 @@ def _progress_save(
     now = timezone.now()
     if connection.vendor == "postgresql":
         pks = sorted(figure["id"] for figure in figures)
-        progress = [now, orjson.dumps(positions).decode(), pks, orjson.dumps(figures).decode()]
+        progress = [now, dumps_bounded(positions).decode(), pks, dumps_bounded(figures).decode()]
         *_, found = statements_run(
             [
                 insert_statement(Detection, rows, ignore_conflicts=True),
@@ -1218,6 +1344,10 @@ def _progress_save(
             processed=position["processed"],
             engine_state=position["engine_state"],
             updated_at=now,
+            failures=0,
+            error="",
+            failed_at=None,
+            retry_at=None,
         )
     for figure in figures:
         pk = figure["id"]
@@ -1230,7 +1360,9 @@ def _progress_save(
         if "first_loop_seq" in figure:
             values["first_loop_seq"] = figure["first_loop_seq"]
         if "cost_after_loop_usd" in figure:
-            values["cost_after_loop_usd"] = models.F("cost_after_loop_usd") + figure["cost_after_loop_usd"]
+            values["cost_after_loop_usd"] = Least(
+                models.F("cost_after_loop_usd") + figure["cost_after_loop_usd"], models.Value(MAX_TOTAL_USD)
+            )
         Run.objects.filter(pk=pk).update(**values)
         if "first_loop_at" in figure:
             Run.objects.filter(pk=pk, first_loop_at__isnull=True).update(
@@ -1343,6 +1475,7 @@ def _materialize(
                     cost = cache.price(run.backend, run.model).cost(
                         body.get("input_tokens", 0), body.get("output_tokens", 0)
                     )
+                cost = round_cost(cost)
                 new_rounds.append(
                     ModelRound(
                         run_id=run_pk,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from celery import shared_task
-from django.db.models import F
+from django.db.models import F, Q
+from django.utils import timezone
 
 from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUN, TASK_DETECT_RUNS, TASK_DETECT_SWEEP
 from ingest.models import RunCursor
@@ -34,10 +35,14 @@ def detect_pending() -> int:
 @shared_task(name=TASK_DETECT_SWEEP, soft_time_limit=60, time_limit=90)
 def detect_sweep(limit: int = 500) -> int:
     """Re-queue runs whose cursor lags their events (a lost enqueue: broker down at commit time, a
-    task killed after taking them), with a task queued whatever the flag says (ingest.pending).
-    Sent by beat and by the workers themselves (loopwatch.celery.SweepTimer)."""
+    task killed after taking them), with a task queued whatever the flag says (ingest.pending), and
+    quarantined runs whose next try is due; not those still waiting for it. Sent by beat and by the
+    workers themselves (loopwatch.celery.SweepTimer)."""
+    due = Q(failures=0) | Q(retry_at__lte=timezone.now())
     lagging = list(
-        RunCursor.objects.filter(position__lt=F("run__events_count")).values_list("run_id", flat=True)[:limit]
+        RunCursor.objects.filter(due, position__lt=F("run__events_count")).values_list("run_id", flat=True)[
+            :limit
+        ]
     )
     if lagging:
         detection_enqueue(lagging, force=True)

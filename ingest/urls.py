@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import path, register_converter
 
 from ingest.api.events import EventsIngestApi
 from ingest.api.guard import RunCheckApi, RunHandoffAnswerApi
@@ -11,16 +11,32 @@ from ingest.api.operations import (
 )
 from ingest.api.runs import RunDetailApi, RunEventsApi, RunListApi
 
+
+class StoredTextConverter:
+    """A path segment (slashes allowed) that a stored id can be: no U+0000, which PostgreSQL's text
+    cannot hold (looking one up raised instead of finding nothing). Such a path is a 404."""
+
+    regex = "[^\x00]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(StoredTextConverter, "stored")
+
 urlpatterns = [
     path("events", EventsIngestApi.as_view(), name="api-events"),
     path("runs", RunListApi.as_view(), name="api-runs"),
-    path("runs/<path:run_id>/events", RunEventsApi.as_view(), name="api-run-events"),
-    path("runs/<path:run_id>/check", RunCheckApi.as_view(), name="api-run-check"),
-    path("runs/<path:run_id>/handoff", RunHandoffAnswerApi.as_view(), name="api-run-handoff"),
-    path("runs/<path:run_id>", RunDetailApi.as_view(), name="api-run"),
+    path("runs/<stored:run_id>/events", RunEventsApi.as_view(), name="api-run-events"),
+    path("runs/<stored:run_id>/check", RunCheckApi.as_view(), name="api-run-check"),
+    path("runs/<stored:run_id>/handoff", RunHandoffAnswerApi.as_view(), name="api-run-handoff"),
+    path("runs/<stored:run_id>", RunDetailApi.as_view(), name="api-run"),
     path("operations/claim", OperationClaimApi.as_view(), name="api-operation-claim"),
-    path("operations/<path:key>/complete", OperationCompleteApi.as_view(), name="api-operation-complete"),
-    path("operations/<path:key>/renew", OperationRenewApi.as_view(), name="api-operation-renew"),
-    path("operations/<path:key>/release", OperationReleaseApi.as_view(), name="api-operation-release"),
-    path("operations/<path:key>", OperationDetailApi.as_view(), name="api-operation"),
+    path("operations/<stored:key>/complete", OperationCompleteApi.as_view(), name="api-operation-complete"),
+    path("operations/<stored:key>/renew", OperationRenewApi.as_view(), name="api-operation-renew"),
+    path("operations/<stored:key>/release", OperationReleaseApi.as_view(), name="api-operation-release"),
+    path("operations/<stored:key>", OperationDetailApi.as_view(), name="api-operation"),
 ]

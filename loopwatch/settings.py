@@ -180,6 +180,9 @@ if LOOPWATCH_MAX_EVENT_BYTES > LOOPWATCH_MAX_BODY_BYTES:
     raise ImproperlyConfigured("LOOPWATCH_MAX_EVENT_BYTES: must not exceed LOOPWATCH_MAX_BODY_BYTES")
 # Seconds a request's whole body may take to arrive: a client that trickles it in is cut off (408).
 LOOPWATCH_BODY_TIMEOUT_S = env_int("LOOPWATCH_BODY_TIMEOUT_S", 60, minimum=1)
+# Time budgets (docs/limits.md): a guard check's catching up with the run, a threshold preview's replay.
+LOOPWATCH_GUARD_BUDGET_MS = env_int("LOOPWATCH_GUARD_BUDGET_MS", 2000, minimum=1)
+LOOPWATCH_PREVIEW_BUDGET_MS = env_int("LOOPWATCH_PREVIEW_BUDGET_MS", 10_000, minimum=1)
 # Django's own guard sits just above ours so that ours answers first, with a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LOOPWATCH_MAX_BODY_BYTES + 1
 

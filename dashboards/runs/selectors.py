@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,7 +34,7 @@ def run_search(*, tenant_ids: list[int], q: str) -> tuple[list[Run], list[Run], 
     """(runs whose run_id is q, runs whose run_id starts with q, whether the prefix list was cut)."""
     if not tenant_ids or not q:
         return [], [], False
-    base = Run.objects.filter(tenant_id__in=tenant_ids).select_related("tenant")
+    base = Run.objects.filter(tenant_id__in=tenant_ids).select_related("tenant", "cursor")
     exact = list(base.filter(run_id=q).order_by("-started_at", "-pk"))
     prefix = list(
         base.filter(run_id__startswith=q).exclude(run_id=q).order_by("run_id", "pk")[: SEARCH_MAX + 1]
@@ -42,22 +43,54 @@ def run_search(*, tenant_ids: list[int], q: str) -> tuple[list[Run], list[Run], 
 
 
 def run_recent(
-    *, tenant_ids: list[int], status: str = "", flagged: bool = False, page: int = 1
+    *,
+    tenant_ids: list[int],
+    status: str = "",
+    flagged: bool = False,
+    detection_failed: bool = False,
+    page: int = 1,
 ) -> tuple[list[Run], bool]:
-    """A page of the most recent runs (by start), and whether there is a next page."""
+    """A page of the most recent runs (by start), and whether there is a next page.
+    detection_failed: only the runs whose detection is quarantined (ingest.models.RunCursor)."""
     if not tenant_ids:
         return [], False
-    qs: QuerySet[Run] = Run.objects.filter(tenant_id__in=tenant_ids).select_related("tenant")
+    qs: QuerySet[Run] = Run.objects.filter(tenant_id__in=tenant_ids).select_related("tenant", "cursor")
     if status:
         qs = qs.filter(status=status)
     if flagged:
         qs = qs.filter(loop_flagged=True)
+    if detection_failed:
+        qs = qs.filter(cursor__failures__gt=0)
     start = (page - 1) * RECENT_PAGE
     rows = list(qs.order_by("-started_at", "-pk")[start : start + RECENT_PAGE + 1])
     return rows[:RECENT_PAGE], len(rows) > RECENT_PAGE
 
 
 # --- one run ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DetectionFailure:
+    """Why detection is quarantined on a run (RunCursor), for its page."""
+
+    error: str
+    failures: int
+    failed_at: datetime | None
+    retry_at: datetime | None
+    position: int
+
+
+def run_detection_failure(*, run: Run) -> DetectionFailure | None:
+    cursor = getattr(run, "cursor", None)
+    if cursor is None or not cursor.failures:
+        return None
+    return DetectionFailure(
+        error=cursor.error,
+        failures=cursor.failures,
+        failed_at=cursor.failed_at,
+        retry_at=cursor.retry_at,
+        position=cursor.position,
+    )
 
 
 def call_signature(config: Config, tool: str, args: Any) -> str:
@@ -78,7 +111,11 @@ class Budget:
 
     @property
     def percent(self) -> int:
-        return min(100, round(100 * self.consumed / self.limit)) if self.limit else 0
+        if not self.limit:
+            return 0
+        share = 100 * self.consumed / self.limit
+        # A use stored before the caps can be infinite (or NaN): round() of it raised.
+        return min(100, round(share)) if math.isfinite(share) else 100
 
 
 def run_budget_use(*, run: Run, config: Config) -> list[Budget]:

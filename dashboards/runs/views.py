@@ -23,6 +23,7 @@ from dashboards.runs.selectors import (
     RUN_STATUSES,
     TIMELINE_EVENTS,
     run_budget_use,
+    run_detection_failure,
     run_detections,
     run_for_user,
     run_handoff_view,
@@ -81,22 +82,37 @@ def index(request: HttpRequest) -> HttpResponse:
     q = request.GET.get("q", "").strip()
     status = request.GET.get("status", "")
     flagged = request.GET.get("flagged", "") in ("1", "on", "true")
+    detection = request.GET.get("detection", "")
     try:
         if len(q) > 200:
             raise BadParameter("q", "a run_id has at most 200 characters")
         if status and status not in RUN_STATUSES:
             raise BadParameter("status", f"one of {', '.join(RUN_STATUSES)}")
+        if detection not in ("", "failed"):
+            raise BadParameter("detection", "failed, or leave it out")
         page = _int(request.GET, "page", default=1, high=MAX_PAGE)
     except BadParameter as exc:
         return _bad_request(request, exc)
-    context: dict = {"q": q, "status": status, "flagged": flagged, "statuses": RUN_STATUSES}
+    context: dict = {
+        "q": q,
+        "status": status,
+        "flagged": flagged,
+        "detection_failed": detection == "failed",
+        "statuses": RUN_STATUSES,
+    }
     if q:
         exact, prefix, cut = run_search(tenant_ids=tenant_ids, q=q)
         if len(exact) == 1 and not prefix:
             return redirect("runs:detail", pk=exact[0].pk)
         context.update(exact=exact, prefix=prefix, prefix_cut=cut, searched=True)
     else:
-        runs, more = run_recent(tenant_ids=tenant_ids, status=status, flagged=flagged, page=page)
+        runs, more = run_recent(
+            tenant_ids=tenant_ids,
+            status=status,
+            flagged=flagged,
+            detection_failed=detection == "failed",
+            page=page,
+        )
         context.update(runs=runs, page=page, more=more)
     context["multi_tenant"] = len(tenant_ids) > 1
     return render(request, "dashboards/runs/index.html", context)
@@ -146,6 +162,10 @@ def detail(request: HttpRequest, pk: int) -> HttpResponse:
         "dashboards/runs/detail.html",
         {
             "run": run,
+            # Pairs, not run.labels.items in the template: a label named "items" (or "keys") would be
+            # looked up first, and its string iterated.
+            "labels": sorted(run.labels.items()) if isinstance(run.labels, dict) else [],
+            "detection_failed": run_detection_failure(run=run),
             "timeline": timeline,
             "budgets": run_budget_use(run=run, config=config),
             "operations": run_operations(run=run),

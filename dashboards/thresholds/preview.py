@@ -1,6 +1,8 @@
 """What a threshold change would have done: the last stored runs replayed with both configurations.
 
 Reads only. The engine is pure and runs in this process; nothing is stored, no task is queued.
+Within a time budget (a web process must not replay for minutes): the runs not replayed by then
+are left out of the figures, and the preview says it was cut short.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from ingest.detection import ACTIONS, Config, Detection, replay_run
+from ingest.detection import ACTIONS, Config, Detection, Engine, RunState
 from ingest.models import Detection as StoredDetection
 from ingest.models import Event, ModelRound, Run
 
 PREVIEW_RUNS = 200  # the default: enough for a signal, about a second of replay on this machine
 PREVIEW_MAX_RUNS = 1000  # past this the page would wait too long; bench/ measures the figures
 INTERVENTION = ("correct", "handoff", "terminate")
+PREVIEW_BUDGET_S = 10.0  # the default; LOOPWATCH_PREVIEW_BUDGET_MS sets the pages' (docs/limits.md)
+RUNS_PER_READ = 25  # runs whose events are read at once: the clock is looked at between reads
+CLOCK_EVERY = 256  # events replayed between two looks at the clock
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,10 @@ class Preview:
     # Of the replayed runs with operators' feedback: (feedback, intervened now, would intervene).
     verdicts: list[tuple[str, bool, bool]] = field(default_factory=list)
     elapsed_ms: float = 0.0
+    # The time budget ran out: only `done` of the `replayed` runs were replayed (the figures are theirs).
+    cut_short: bool = False
+    done: int = 0
+    budget_s: float = PREVIEW_BUDGET_S
 
     def count(self, change: str) -> int:
         return sum(1 for c in self.changes if c.change == change)
@@ -136,17 +145,35 @@ def _events(run_pks: list[int]) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
+def _replay(events: list[dict[str, Any]], config: Config, deadline: float) -> list[Detection] | None:
+    """The engine's replay_run, looking at the clock every CLOCK_EVERY events: None past deadline."""
+    engine, state = Engine(config), RunState()
+    found: list[Detection] = []
+    for i, event in enumerate(events):
+        if i % CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+            return None
+        found += engine.feed(state, event)
+    return found
+
+
 def preview_replay(
-    *, runs: QuerySet[Run], limit: int, current: Callable[[Run], Config], proposed: Callable[[Run], Config]
+    *,
+    runs: QuerySet[Run],
+    limit: int,
+    current: Callable[[Run], Config],
+    proposed: Callable[[Run], Config],
+    budget_s: float = PREVIEW_BUDGET_S,
 ) -> Preview:
-    """Replay the last `limit` runs of `runs` with the current and the proposed configuration."""
+    """Replay the last `limit` runs of `runs` with the current and the proposed configuration, for
+    `budget_s` seconds at most (then `cut_short`, the figures those of the runs replayed)."""
     started = time.perf_counter()
+    deadline = started + budget_s
     picked = list(
         runs.order_by("-started_at", "-pk").only(
             "pk", "run_id", "backend", "model", "task_type", "agent", "status"
         )[:limit]
     )
-    preview = Preview(runs=len(picked))
+    preview = Preview(runs=len(picked), budget_s=budget_s)
     differing = [(run, current(run), proposed(run)) for run in picked]
     differing = [(run, now, new) for run, now, new in differing if now != new]
     preview.replayed = len(differing)
@@ -162,13 +189,23 @@ def preview_replay(
     for value in feedback.values():
         label = StoredDetection.Feedback(value).label
         preview.feedback_runs[label] = preview.feedback_runs.get(label, 0) + 1
-    events = _events([run.pk for run, _, _ in differing]) if differing else {}
-    for run, now, new in differing:
+    events: dict[int, list[dict[str, Any]]] = {}
+    for i, (run, now, new) in enumerate(differing):
+        if i % RUNS_PER_READ == 0:
+            if time.perf_counter() > deadline:
+                preview.cut_short = True
+                break
+            events = _events([r.pk for r, _, _ in differing[i : i + RUNS_PER_READ]])
         run_events = events.get(run.pk, [])
-        preview.events += len(run_events)
         # The engine never mutates the events, so both replays can share them.
-        before = _first(replay_run(run_events, now)[1])
-        after = _first(replay_run(run_events, new)[1])
+        found_before = _replay(run_events, now, deadline)
+        found_after = _replay(run_events, new, deadline) if found_before is not None else None
+        if found_after is None:
+            preview.cut_short = True
+            break
+        preview.done += 1
+        preview.events += len(run_events)
+        before, after = _first(found_before), _first(found_after)
         preview.before_interventions += before is not None
         preview.after_interventions += after is not None
         change = _compare(before, after)

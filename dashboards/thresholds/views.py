@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -191,6 +192,7 @@ def _threshold_preview(
         limit=limit,
         current=lambda run: resolve("now", run),
         proposed=lambda run: resolve("new", run),
+        budget_s=settings.LOOPWATCH_PREVIEW_BUDGET_MS / 1000,
     )
 
 
@@ -335,6 +337,7 @@ def _tool_preview(tenant, row, form: ToolConfigForm) -> Preview:
         limit=form.cleaned_data["preview_runs"],
         current=lambda run: resolve(current_tools, run),
         proposed=lambda run: resolve(proposed_tools, run),
+        budget_s=settings.LOOPWATCH_PREVIEW_BUDGET_MS / 1000,
     )
 
 

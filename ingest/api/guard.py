@@ -24,7 +24,7 @@ from ingest.guard import (
 )
 from ingest.ledger import DEFAULT_LEASE_S, MAX_LEASE_S
 from ingest.models import ApiKey, Run
-from ingest.schema import TOOL_KINDS, EventError, find_nul, parse_ts, validate_event
+from ingest.schema import TOOL_KINDS, EventError, check_ts, find_nul, validate_event
 
 # The fields of a check's body; anything else is a mistake worth naming (a typo would go unnoticed).
 FIELDS = (
@@ -92,6 +92,14 @@ class CheckOutput(serializers.Serializer):
     ledger = serializers.DictField(
         required=False, help_text="A write: the ledger's decision and its details."
     )
+    cut_short = serializers.DictField(
+        required=False,
+        help_text=(
+            "Present when the answer does not reflect every event of the run: reason (time_budget: "
+            "not processed within LOOPWATCH_GUARD_BUDGET_MS; detection_failed: the run's detection is "
+            "quarantined), detail, events_behind."
+        ),
+    )
 
 
 def _bad(field: str, reason: str, code: str = "invalid") -> ApiError:
@@ -122,9 +130,10 @@ def parse_check(body: bytes, *, run_id: str) -> tuple[ProposedCall, bool]:
         raise _bad(nul, "must not contain the character U+0000 (NUL)")
     ts = None
     if "ts" in data:
-        ts = parse_ts(data["ts"]) if isinstance(data["ts"], str) else None
-        if ts is None:
-            raise _bad("ts", "must be an RFC 3339 timestamp with its offset, like 2026-11-29T10:00:00Z")
+        try:
+            ts = check_ts(data["ts"])
+        except EventError as exc:
+            raise _bad(exc.field, exc.reason) from None
     worker_id = data.get("worker_id", "")
     if not isinstance(worker_id, str) or len(worker_id) > 200:
         raise _bad("worker_id", "must be a string of at most 200 characters")
@@ -199,6 +208,7 @@ class RunCheckApi(APIView):
                 call=call,
                 require_run=require_run,
                 may_claim=ApiKey.Scope.LEDGER in key.scopes,
+                budget_s=settings.LOOPWATCH_GUARD_BUDGET_MS / 1000,
             )
         except RunNotKnown:
             raise ApiError(

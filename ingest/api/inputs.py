@@ -9,6 +9,7 @@ import orjson
 from rest_framework import serializers
 
 from ingest.api.errors import ApiError
+from ingest.schema import EventError, check_nesting
 
 
 class FlatInput(serializers.Serializer):
@@ -31,6 +32,13 @@ def parse_input(serializer_class, request) -> dict[str, Any]:
         raise ApiError(400, "invalid_json", f"body: not valid JSON ({exc})", field="body") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_body", "body: must be a JSON object", field="body")
+    # The limit of trace events holds for every JSON body (a claim's args, a result): past it the
+    # serializers' and orjson's recursions fail (docs/limits.md).
+    try:
+        for name, value in data.items():
+            check_nesting(value, str(name))
+    except EventError as exc:
+        raise ApiError(400, "invalid", str(exc), field=exc.field) from None
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data

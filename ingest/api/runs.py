@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+import math
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -12,6 +14,7 @@ from ingest.auth import HasReadScope
 from ingest.selectors import run_events, run_get, run_list
 
 MAX_PAGE = 1000  # a page of events stays well under a few MB
+FILTERS = ("status", "backend", "task_type", "agent", "model")  # GET /api/v1/runs, as run_list takes them
 
 
 def _int_param(request, name: str, default: int, *, minimum: int, maximum: int) -> int:
@@ -23,6 +26,24 @@ def _int_param(request, name: str, default: int, *, minimum: int, maximum: int) 
             400, "invalid_parameter", f"{name}: must be an integer from {minimum} to {maximum}", name
         )
     return int(raw)
+
+
+class FiniteFloatField(serializers.FloatField):
+    """A float the JSON renderer can write: infinity and NaN (stored before the caps of
+    docs/limits.md) go out as null instead of failing the whole answer."""
+
+    def to_representation(self, value):
+        value = super().to_representation(value)
+        return value if math.isfinite(value) else None
+
+
+class DetectionStateSerializer(serializers.Serializer):
+    """Whether detection is quarantined on the run (docs/limits.md): failures 0 means it is not."""
+
+    failures = serializers.IntegerField()
+    error = serializers.CharField()
+    failed_at = serializers.DateTimeField(allow_null=True)
+    retry_at = serializers.DateTimeField(allow_null=True)
 
 
 class RunOutputSerializer(serializers.Serializer):
@@ -45,13 +66,21 @@ class RunOutputSerializer(serializers.Serializer):
     tool_errors = serializers.IntegerField()
     input_tokens = serializers.IntegerField()
     output_tokens = serializers.IntegerField()
-    cost_usd = serializers.FloatField()
+    cost_usd = FiniteFloatField(allow_null=True)
     events_count = serializers.IntegerField()
     processed = serializers.SerializerMethodField()
+    detection = serializers.SerializerMethodField()
 
     def get_processed(self, run) -> int:
         cursor = getattr(run, "cursor", None)
         return cursor.position if cursor else 0
+
+    @extend_schema_field(DetectionStateSerializer)
+    def get_detection(self, run) -> dict:
+        cursor = getattr(run, "cursor", None)
+        if cursor is None:
+            return {"failures": 0, "error": "", "failed_at": None, "retry_at": None}
+        return DetectionStateSerializer(cursor).data
 
 
 class RunListApi(APIView):
@@ -59,15 +88,26 @@ class RunListApi(APIView):
 
     @extend_schema(
         operation_id="runs_list",
-        parameters=[
-            OpenApiParameter(name, str, required=False)
-            for name in ("status", "backend", "task_type", "agent")
-        ]
-        + [OpenApiParameter("limit", int, required=False)],
+        parameters=[OpenApiParameter(name, str, required=False) for name in FILTERS]
+        + [
+            OpenApiParameter("limit", int, required=False),
+            OpenApiParameter(
+                "detection", str, required=False, enum=["failed"], description="failed: quarantined runs only"
+            ),
+        ],
         responses=RunOutputSerializer(many=True),
     )
     def get(self, request):
         limit = _int_param(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
+        if request.query_params.get("detection", "failed") != "failed":
+            raise ApiError(400, "invalid_parameter", "detection: must be failed, or left out", "detection")
+        for name in FILTERS:
+            value = request.query_params.get(name, "")
+            if len(value) > 200 or "\x00" in value:
+                reason = (
+                    "must not contain U+0000 (NUL)" if "\x00" in value else "must be at most 200 characters"
+                )
+                raise ApiError(400, "invalid_parameter", f"{name}: {reason}", name)
         runs = run_list(tenant=request.user.tenant, filters=request.query_params.dict(), limit=limit)
         return Response(RunOutputSerializer(runs.select_related("cursor"), many=True).data)
 

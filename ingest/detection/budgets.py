@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ingest.detection import bounds
 from ingest.detection.config import BUDGET_TYPES, Thresholds
 from ingest.detection.policy import Detection
 from ingest.detection.state import RunState
@@ -62,7 +63,7 @@ def check_budgets(t: Thresholds, state: RunState) -> list[Detection]:
                 action="terminate",
                 at_call=state.calls,
                 at_round=state.round,
-                count=int(used),
+                count=bounds.count(used),
                 hint=hint,
                 evidence={
                     "terminated_by": "budget",

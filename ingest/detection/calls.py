@@ -7,6 +7,7 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from ingest.detection.config import Thresholds
+from ingest.detection.normalize import fuzzy_view
 from ingest.detection.policy import CORRECT, HANDOFF, Detection, action_name, level_for, short
 from ingest.detection.state import MAX_GOALS, MAX_SIGS, Call, RunState, SigRecord, remember
 
@@ -275,6 +276,7 @@ def _value_similarity(x: Any, y: Any) -> float:
     if isinstance(x, int | float) and isinstance(y, int | float):
         return 0.9 if abs(x - y) <= max(1, 0.05 * max(abs(x), abs(y))) else 0.0
     if isinstance(x, str) and isinstance(y, str):
+        x, y = fuzzy_view(x), fuzzy_view(y)  # long values: bounded work (issue 11)
         if x.casefold() == y.casefold():
             return 0.95
         if _id_like(x) or _id_like(y):

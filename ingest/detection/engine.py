@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from ingest.detection import calls, errors, kinds, text
+from ingest.detection import bounds, calls, errors, kinds, text
 from ingest.detection.budgets import check_budgets, run_budgets
 from ingest.detection.config import DEFAULT_CONFIG, Config
 from ingest.detection.normalize import (
@@ -105,21 +105,20 @@ class Engine:
     # --- events ---------------------------------------------------------------------------
 
     def _model_round(self, state: RunState, event: dict[str, Any]) -> list[Detection]:
-        number = event.get("round", state.round)
+        number = bounds.count(event.get("round", state.round))
         previous_calls = state.round_calls
         if number != state.round:
             state.round_calls = 0
         state.round = max(state.round, number)
-        state.tokens += int(event.get("input_tokens", 0)) + int(event.get("output_tokens", 0))
-        cost = event.get("cost_usd")
-        if isinstance(cost, int | float):
-            state.cost_usd += float(cost)
+        state.tokens = bounds.total(state.tokens, event.get("input_tokens", 0))
+        state.tokens = bounds.total(state.tokens, event.get("output_tokens", 0))
+        state.cost_usd = bounds.amount_add(state.cost_usd, event.get("cost_usd"))
         return text.detect_text(self.t, state, event, previous_calls)
 
     def _tool_call(self, state: RunState, event: dict[str, Any], ts: float | None) -> list[Detection]:
         state.calls += 1
         state.round_calls += 1
-        number = event.get("round", state.round)
+        number = bounds.count(event.get("round", state.round))
         state.round = max(state.round, number)
         name = str(event.get("tool", ""))
         spec = self.config.tool(name)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.detection.bounds import MAX_COUNT
+from ingest.detection.bounds import count as bounded_count
+
 ACTIONS = ("observe", "correct", "handoff", "terminate")
 OBSERVE, CORRECT, HANDOFF, TERMINATE = 1, 2, 3, 4
 KINDS = (
@@ -36,6 +39,14 @@ class Detection:
     tool: str = ""
     hint: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Stored in integer columns: a wall clock of a century, or a count from a value that slipped
+        # past the way in, must still fit (bounds.count clamps).
+        for name in ("at_call", "at_round", "count"):
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value <= MAX_COUNT:
+                object.__setattr__(self, name, bounded_count(value))
 
     @property
     def level(self) -> int:

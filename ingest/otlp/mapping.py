@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from ingest.schema import ERROR_CLASSES, TOOL_KINDS
+from ingest.schema import ERROR_CLASSES, TOOL_KINDS, EventError, check_nesting
 
 TOOL, LLM, AGENT = "tool", "llm", "agent"
 
@@ -418,9 +418,10 @@ def _second_text(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _json_or_text(value: Any) -> Any:
+def _json_or_text(value: Any, key: str) -> Any:
     """An attribute holding JSON (as most instrumentations record arguments and results) parsed;
-    anything else as it is."""
+    anything else as it is. SpanRefused naming the attribute `key` when the JSON nests deeper than
+    trace events may (MAX_DEPTH)."""
     if isinstance(value, str):
         text = value.strip()
         if text[:1] in ("{", "[", '"') or text in ("true", "false", "null"):
@@ -428,6 +429,10 @@ def _json_or_text(value: Any) -> Any:
                 parsed = orjson.loads(text)
             except orjson.JSONDecodeError:
                 return value
+            try:
+                check_nesting(parsed, key)
+            except EventError as exc:
+                raise SpanRefused(exc.field, exc.reason) from None
             # An escaped NUL (\u0000) decodes to the character jsonb cannot store.
             return _clean_json(parsed) if "\\u0000" in text else parsed
     return value
@@ -455,12 +460,12 @@ def tool_args(span: SpanIn) -> tuple[dict[str, Any] | None, str]:
         value = attrs.get(key)
         if value is None or value == "":
             continue
-        parsed = _json_or_text(value)
+        parsed = _json_or_text(value, key)
         if key == "tool.parameters" and _looks_like_schema(parsed):
             continue
         return _as_object(parsed), key
     if attrs.get("traceloop.span.kind") == "tool" and attrs.get("traceloop.entity.input"):
-        parsed = _json_or_text(attrs["traceloop.entity.input"])
+        parsed = _json_or_text(attrs["traceloop.entity.input"], "traceloop.entity.input")
         # OpenLLMetry records a Python call as {"args": [...], "kwargs": {...}}.
         if isinstance(parsed, dict) and parsed and set(parsed) <= {"args", "kwargs", "inputs"}:
             merged = dict(parsed.get("kwargs") or parsed.get("inputs") or {})
@@ -483,7 +488,7 @@ def tool_result_value(span: SpanIn) -> tuple[Any, str, Any] | None:
         found = span.first(("traceloop.entity.output",))
     if found is None:
         return None
-    return _json_or_text(found[1]), found[0], found[1]
+    return _json_or_text(found[1], found[0]), found[0], found[1]
 
 
 def _count(span: SpanIn, keys: tuple[str, ...]) -> int | None:
@@ -556,7 +561,7 @@ def _llm_text(span: SpanIn) -> str | None:
         value = attrs.get(key)
         if isinstance(value, str) and value:
             return value
-    messages = _json_or_text(attrs.get("gen_ai.output.messages"))
+    messages = _json_or_text(attrs.get("gen_ai.output.messages"), "gen_ai.output.messages")
     if isinstance(messages, list):
         parts = [
             part.get("content")

@@ -39,14 +39,6 @@ def _operations() -> list[str]:
     ]
 
 
-# 5xx that the ingest validation work (branch `poison`, issue 11 items 1 and 5) removes; shown as
-# xfail until it lands (strict=False: an XPASS once it has).
-POISON_5XX: dict[str, str] = {
-    "POST /api/v1/events": "ingest validation: a ts offset beyond ±14:00 (-19:52) reaches PostgreSQL "
-    "(InvalidTimeZoneDisplacementValue) and answers 500; issue 11 items 1 and 5",
-}
-
-
 @pytest.fixture(scope="module")
 def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("fuzz")
@@ -62,12 +54,7 @@ def schema(server):
 
 @pytest.mark.parametrize(
     "label",
-    [
-        pytest.param(label, marks=pytest.mark.xfail(reason=POISON_5XX[label], strict=False))
-        if label in POISON_5XX
-        else label
-        for label in _operations()
-    ],
+    _operations(),
 )
 def test_no_request_gets_a_server_error(label, server, schema, transactional_db):
     method, path = label.split(" ", 1)

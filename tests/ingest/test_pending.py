@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 import redis
 from django.conf import settings
@@ -13,7 +15,7 @@ from django.conf import settings
 from ingest import services
 from ingest.models import RunCursor
 from ingest.pending import pending_count
-from ingest.services import events_ingest, runs_pending_process
+from ingest.services import RETRY_AFTER_FAILURE_S, events_ingest, runs_pending_process
 from ingest.tasks import detect_pending
 from loopwatch.celery import app
 from tests.ingest.events import model_round, run_started, tool_call, tool_result
@@ -100,6 +102,10 @@ def test_runs_of_a_failed_pass_go_back_and_a_task_is_queued(broker, tenant, monk
     with pytest.raises(RuntimeError):
         runs_pending_process()
     assert pending_count() == 4 and client.llen(queue) == 1
+    # Not at once: a failure that is everyone's (a run's own is quarantined in the pass) would
+    # otherwise loop as fast as the workers take the task.
+    eta = datetime.fromisoformat(orjson.loads(client.lindex(queue, 0))["headers"]["eta"])
+    assert eta - datetime.now(UTC) > timedelta(seconds=RETRY_AFTER_FAILURE_S - 2)
     monkeypatch.undo()
     assert runs_pending_process() == 4 * 4 and _behind(tenant) == []
 
@@ -119,8 +125,6 @@ def test_the_sweep_queues_lagging_runs_through_the_same_set(broker, tenant):
 def test_with_redis_down_a_batch_is_stored_and_its_runs_are_added_when_redis_is_back(
     broker, tenant, make_key, client, monkeypatch
 ):
-    import orjson
-
     from ingest import pending
 
     client_redis, queue = broker

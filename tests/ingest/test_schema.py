@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import jsonschema
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.schema import EventError, validate_event
+from ingest.schema import TS_PATTERN, EventError, validate_event
 
 SPEC_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "spec"
 PACKAGED = Path(__file__).resolve().parents[2] / "ingest" / "spec" / "trace-events.schema.json"
@@ -82,11 +83,32 @@ def schema() -> dict:
     return orjson.loads(PACKAGED.read_bytes())
 
 
-def test_packaged_schema_is_the_spec():
+def _without_limits(value, key: str = ""):
+    """The schema without what the packaged one adds to the spec's: the limits of docs/limits.md
+    that JSON Schema can say (each number's maximum, the ts pattern) and the description."""
+    if isinstance(value, dict):
+        return {
+            k: _without_limits(v, k)
+            for k, v in value.items()
+            if k != "maximum"
+            and not (key == "ts" and k == "pattern")
+            and not (key == "" and k == "description")
+        }
+    if isinstance(value, list):
+        return [_without_limits(v) for v in value]
+    return value
+
+
+def test_packaged_schema_is_the_spec_with_the_limits():
     shared = SPEC_DIR / "trace-events.schema.json"
     if not shared.exists():
         pytest.skip("../shared/spec is not beside the project")
-    assert orjson.loads(shared.read_bytes()) == schema()
+    spec = orjson.loads(shared.read_bytes())
+    assert _without_limits(spec) == {k: v for k, v in spec.items() if k != "description"}, (
+        "the spec grew limits of its own: compare them with ours"
+    )
+    assert _without_limits(schema()) == _without_limits(spec)
+    assert schema()["properties"]["ts"]["pattern"] == TS_PATTERN
 
 
 @pytest.mark.parametrize("kind", sorted(GOOD))
@@ -117,6 +139,14 @@ def _with(event_type: str, /, **changes) -> dict:
         else:
             event[key] = value
     return event
+
+
+def _nested(depth: int, *, key: str = "a", leaf=None) -> dict | list:
+    """A value `depth` levels of objects (or arrays when key is "") deep."""
+    value = leaf
+    for _ in range(depth):
+        value = {key: value} if key else [value]
+    return value
 
 
 BAD = [
@@ -205,6 +235,37 @@ BAD = [
     (_with("run_finished", budget_type=["x"]), "budget_type", "must be a string"),
     (_with("run_finished", reason=1), "reason", "must be a string"),
 ]
+# The limits of docs/limits.md: numbers finite and capped, ts offsets and years, nesting.
+LIMIT_BAD = [
+    (_with("model_round", cost_usd=1e308), "cost_usd", "at most 1000000"),
+    (_with("model_round", cost_usd=math.inf), "cost_usd", "must be a finite number"),
+    (_with("model_round", cost_usd=math.nan), "cost_usd", "must be a finite number"),
+    (_with("tool_result", latency_ms=1e300), "latency_ms", "at most 10000000000"),
+    (_with("tool_result", latency_ms=math.inf), "latency_ms", "must be a finite number"),
+    (_with("run_started", budgets={"max_cost_usd": 1e308}), "budgets.max_cost_usd", "at most 1000000000"),
+    (_with("run_started", budgets={"max_wall_s": math.inf}), "budgets.max_wall_s", "must be a finite number"),
+    (
+        _with("user_message", ts="2026-11-29T10:00:00+20:00"),
+        "ts",
+        "offset must be within ±14:00 (got +20:00)",
+    ),
+    (
+        _with("user_message", ts="2026-11-29T10:00:00-14:01"),
+        "ts",
+        "offset must be within ±14:00 (got -14:01)",
+    ),
+    (_with("user_message", ts="0001-01-01T00:00:00+01:00"), "ts", "between 2000 and 2100 (got 0001)"),
+    (_with("user_message", ts="9999-12-31T23:00:00-05:00"), "ts", "between 2000 and 2100 (got 9999)"),
+    (_with("user_message", ts="1900-01-01T00:00:00Z"), "ts", "between 2000 and 2100"),
+    (_with("user_message", ts="1999-12-31T23:59:59Z"), "ts", "between 2000 and 2100"),
+    (_with("user_message", ts="2101-01-01T00:00:00Z"), "ts", "between 2000 and 2100"),
+    (_with("tool_call", args=_nested(65)), "args", "must not nest deeper than 64 levels"),
+    (_with("tool_call", args=_nested(300)), "args", "must not nest deeper than 64 levels"),
+    (_with("tool_call", args=_nested(1023, leaf=1)), "args", "must not nest deeper than 64 levels"),
+    (_with("tool_result", result=_nested(65, key="")), "result", "must not nest deeper than 64"),
+    (_with("tool_result", x_extra=_nested(65)), "x_extra", "must not nest deeper than 64 levels"),
+]
+BAD += LIMIT_BAD
 
 
 @pytest.mark.parametrize(
@@ -223,8 +284,30 @@ def test_integral_floats_count_as_integers_as_in_json_schema():
 
 
 def test_the_result_may_be_any_json():
-    for result in ("plain text", 3, None, [1, 2], {"a": {"b": []}}):
+    for result in ("plain text", 3, None, [1, 2], {"a": {"b": []}}, _nested(64), _nested(64, key="")):
         validate_event(_with("tool_result", result=result))
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    # JSON has no infinity or NaN (the schema never sees one), and JSON Schema cannot say a depth.
+    [(b[0], b[1]) for b in LIMIT_BAD if "finite" not in b[2] and "nest deeper" not in b[2]],
+)
+def test_the_json_schema_says_the_same_limits(event, field):
+    errors = list(jsonschema.Draft202012Validator(schema()).iter_errors(event))
+    assert errors, f"{field} passes the JSON Schema"
+
+
+def test_the_limits_themselves_are_accepted():
+    """The edges of docs/limits.md are inside: a cap is a maximum, not an exclusive bound."""
+    validate_event(_with("model_round", cost_usd=1_000_000))
+    validate_event(_with("tool_result", latency_ms=1e10))
+    validate_event(_with("run_started", budgets={"max_cost_usd": 1e9, "max_wall_s": 1e9}))
+    validate_event(_with("tool_call", args=_nested(64)))
+    validate_event(_with("tool_call", args={"n": 1e308, "m": -1e308}))  # free-form values: any finite number
+    for ts in ("2000-01-01T00:00:00Z", "2100-12-31T23:59:59.999999Z", "2026-11-29T10:00:00+14:00"):
+        assert validate_event(_with("user_message", ts=ts)).tzinfo is not None
+    assert validate_event(_with("user_message", ts="2026-11-29T10:00:00-14:00")).utcoffset().days == -1
 
 
 # --- agreement with the JSON Schema on generated events ---------------------------------
