@@ -27,6 +27,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, models, transaction
 from django.db.models.functions import Least, RowNumber
 from django.utils import timezone
+from psycopg.errors import LockNotAvailable
 
 from ingest import metrics
 from ingest.bulk import dumps_bounded, insert_statement, statements_run, update_statement
@@ -875,23 +876,31 @@ def runs_process(
        the alerts.
     5. Again for the runs that had more events than their share, until every run is caught up.
 
-    deadline (time.monotonic()): no pass starts after it, and runs another task holds are not waited
-    for; the work left is the Celery task's (the guard answers within its time budget this way).
+    deadline (time.monotonic()): no pass starts after it, and runs another task holds are waited for
+    only until it (a lock_timeout): the work left is the Celery task's, and the guard answers within
+    its time budget this way. A task holding the run is usually in the middle of a pass of the very
+    events the check needs, so the check waits for that pass rather than answer without them.
     """
     order = list(dict.fromkeys(run_pks))
     cache = _PassCache()
     total = 0
     passed_over: list[int] = []
+    lock_wait_s: float | None = None
     while order:
-        processed, order, skipped = _runs_pass(order, chunk, skip_locked, cache)
+        try:
+            processed, order, skipped = _runs_pass(order, chunk, skip_locked, cache, lock_wait_s=lock_wait_s)
+        except OperationalError as exc:
+            if lock_wait_s is None or not isinstance(exc.__cause__, LockNotAvailable):
+                raise
+            break  # still held at the deadline: answered from the state the other task left
         total += processed
         passed_over += skipped
-        if deadline is not None:
-            if time.monotonic() >= deadline:
-                break
-            passed_over = []
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         if not order:
             order, passed_over, skip_locked = passed_over, [], False
+            if deadline is not None:
+                lock_wait_s = deadline - time.monotonic()
     return total
 
 
@@ -944,7 +953,7 @@ class _PassOutcome:
 
 
 def _runs_pass(
-    order: list[int], chunk: int, skip_locked: bool, cache: _PassCache
+    order: list[int], chunk: int, skip_locked: bool, cache: _PassCache, *, lock_wait_s: float | None = None
 ) -> tuple[int, list[int], list[int]]:
     """One pass of runs_process: (events processed, runs with more to do, runs passed over).
 
@@ -952,9 +961,16 @@ def _runs_pass(
     and the runs are taken again one at a time, each in a savepoint of its own: a run that raises
     alone is quarantined (_quarantine), the others are processed as if it had not been there. One
     run's bad data thus costs one wasted pass, not every run's detection.
+
+    lock_wait_s: on PostgreSQL, waiting for a lock longer than this raises (LockNotAvailable).
     """
     limit = chunk if len(order) <= 1 else max(chunk // len(order), RUN_CHUNK_MIN)
     with transaction.atomic():
+        if lock_wait_s is not None and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, true)", [f"{max(1, int(lock_wait_s * 1000))}ms"]
+                )
         try:
             with transaction.atomic():
                 outcome = _pass_run(order, limit, skip_locked, cache)

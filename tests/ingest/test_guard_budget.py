@@ -83,24 +83,46 @@ def test_a_check_on_a_quarantined_run_says_detection_failed(tenant):
     assert cut["reason"] == "detection_failed" and "KeyError" in cut["detail"] and cut["events_behind"] == 2
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_check_does_not_wait_for_a_run_another_task_is_processing(needs_postgres, tenant):
-    (pk,) = plant(tenant, long_run("busy", 3, chars=100))
+def _other_connection() -> psycopg.Connection:
     s = connection.settings_dict
-    with psycopg.connect(
+    return psycopg.connect(
         host=s["HOST"] or HOST,
         port=s["PORT"] or 5432,
         user=s["USER"],
         password=s["PASSWORD"],
         dbname=s["NAME"],
-    ) as other:  # a detection task holding the run's cursor
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_check_waits_for_the_pass_another_task_is_making_of_its_run(needs_postgres, tenant):
+    """A detection task holding the run is usually processing the very events the check needs: the
+    check waits for its pass (here, a pass that ends after 0.5 s) and answers from what it stored."""
+    (pk,) = plant(tenant, long_run("busy", 3, chars=100))
+    with _other_connection() as other:
         other.execute("SELECT 1 FROM ingest_runcursor WHERE run_id = %s FOR UPDATE", [pk])
+        timer = threading.Timer(0.5, other.rollback)  # the task's pass ends
+        timer.start()
         started = time.monotonic()
         answer = _check(tenant, "busy", budget_s=30).as_dict()
         waited = time.monotonic() - started
+        timer.join()
+    assert "cut_short" not in answer
+    assert RunCursor.objects.get(run_id=pk).position == 7
+    assert 0.4 < waited < 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_check_waits_for_another_task_no_longer_than_its_budget(needs_postgres, tenant):
+    (pk,) = plant(tenant, long_run("stuck", 3, chars=100))
+    with _other_connection() as other:  # a task holding the run's cursor for longer than the budget
+        other.execute("SELECT 1 FROM ingest_runcursor WHERE run_id = %s FOR UPDATE", [pk])
+        started = time.monotonic()
+        answer = _check(tenant, "stuck", budget_s=1.0).as_dict()
+        waited = time.monotonic() - started
         other.rollback()
     assert answer["cut_short"]["reason"] == "time_budget" and answer["cut_short"]["events_behind"] == 7
-    assert waited < 25, "the check waited for the lock instead of answering"
+    assert 0.9 < waited < 5, "the check either did not wait for the lock or waited past its budget"
 
 
 # --- two tenants against a real server --------------------------------------------------------

@@ -34,7 +34,7 @@ def plant(tenant, events: list[dict]) -> list[int]:
         (i, event, datetime.fromisoformat(event["ts"]), orjson.dumps(event)) for i, event in enumerate(events)
     ]
     with transaction.atomic():
-        return services._store_atomic(tenant, valid, [None] * len(events))
+        return services._store_atomic(tenant, valid, [None] * len(events), ledger_scope=True)
 
 
 def normal_run(run_id: str) -> list[dict]:
