@@ -229,8 +229,14 @@ def _view_of(scope) -> type | None:
 
 
 def _key_lookup(raw: str) -> bool:
+    """Whether the key is valid; with the database away, as if it were: the view then answers 503
+    (ingest.api.errors), which tells the client to come back, where a 401 would tell it to give up."""
     try:
         return api_key_lookup(raw) is not None
+    except Exception as exc:
+        if not database_failure(exc):
+            raise
+        return True
     finally:
         close_old_connections()  # as at the end of a request: the connection goes back to the pool
 
@@ -256,7 +262,7 @@ django_asgi_app = SyncChainASGIHandler()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - needs the apps loaded
 
 from dashboards.routing import websocket_urlpatterns as page_routes  # noqa: E402
-from ingest.api.errors import json_error  # noqa: E402
+from ingest.api.errors import database_failure, json_error  # noqa: E402
 from ingest.auth import api_key_cached, api_key_lookup, bearer_token, key_required  # noqa: E402
 from ingest.routing import websocket_urlpatterns as api_routes  # noqa: E402
 

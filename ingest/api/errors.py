@@ -87,7 +87,7 @@ def not_found(request, exception=None):
 
 def server_error(request):
     exc = sys.exc_info()[1]  # Django calls this handler inside its except block
-    if _database_failure(exc):
+    if database_failure(exc):
         return database_unavailable(request, exc)
     if _wants_json(request):
         return json_error(
@@ -119,7 +119,7 @@ def database_unavailable(request, exc: BaseException) -> HttpResponse:
     return response
 
 
-def _database_failure(exc: BaseException | None) -> bool:
+def database_failure(exc: BaseException | None) -> bool:
     # Django's wrappers (a query, a commit, a checkout from the pool), and psycopg's own raised
     # outside them (psycopg_pool.PoolTimeout is an OperationalError).
     from psycopg import InterfaceError as PgInterfaceError
@@ -140,7 +140,7 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        return database_unavailable(request, exception) if _database_failure(exception) else None
+        return database_unavailable(request, exception) if database_failure(exception) else None
 
 
 def bad_request(request, exception=None):

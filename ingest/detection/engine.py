@@ -293,9 +293,11 @@ class Engine:
 
     def _admit(self, state: RunState, found: list[Detection]) -> list[Detection]:
         """Apply each kind's rollout mode; nothing more after the run was terminated; remember the
-        strongest action and the end."""
+        strongest action and the end. One event fires a problem once: two findings of the same kind
+        and signature (two rules seeing one repeated question, say) are one, the stronger — the
+        pipeline stores one detection per event, kind and signature, and replay must say the same."""
         admitted = []
-        for detection in found:
+        for detection in _strongest_each(found):
             if state.max_action >= TERMINATE:
                 break
             detection = self._mode(detection)
@@ -323,6 +325,20 @@ class Engine:
                 detection, action="correct", evidence={**detection.evidence, "capped": detection.action}
             )
         return detection
+
+
+def _strongest_each(found: list[Detection]) -> list[Detection]:
+    """The findings with one per (kind, signature): the strongest, in the first one's place."""
+    kept: list[Detection] = []
+    place: dict[tuple[str, str], int] = {}
+    for detection in found:
+        key = (detection.kind, detection.signature)
+        if key not in place:
+            place[key] = len(kept)
+            kept.append(detection)
+        elif detection.level > kept[place[key]].level:
+            kept[place[key]] = detection
+    return kept
 
 
 def replay_run(

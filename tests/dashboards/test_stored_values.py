@@ -101,7 +101,7 @@ def test_costs_stored_before_the_caps_are_capped_by_the_migration(needs_postgres
     Run.objects.filter(pk=stored["huge-cost"].pk).update(cost_usd=math.inf, cost_after_loop_usd=math.inf)
     Run.objects.filter(pk__in=[stored["century"].pk, stored["normal-run"].pk]).update(cost_usd=1e308)
     ModelRound.objects.filter(run=stored["huge-cost"]).update(cost_usd=1e308)
-    migration = importlib.import_module("ingest.migrations.0009_poison")
+    migration = importlib.import_module("ingest.migrations.0011_poison")
 
     from django.apps import apps
 

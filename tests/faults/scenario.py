@@ -143,7 +143,14 @@ class FaultRun:
         with self.postgres.connect(self.db.name) as conn:
             stored = stored_detections(conn, self.traffic.prefix)
         replayed = replayed_detections(self.traffic.jsonl(self.workdir / f"{self.traffic.prefix}sent.jsonl"))
-        assert {k: sorted(v) for k, v in stored.items()} == {k: sorted(v) for k, v in replayed.items()}
+        stored_sorted = {k: sorted(v) for k, v in stored.items()}
+        replayed_sorted = {k: sorted(v) for k, v in replayed.items()}
+        differ = {
+            k: (stored_sorted.get(k), replayed_sorted.get(k))
+            for k in stored_sorted.keys() | replayed_sorted.keys()
+            if stored_sorted.get(k) != replayed_sorted.get(k)
+        }
+        assert differ == {}, f"stored detections (left) differ from replay's (right): {differ}"
         self.detections = sum(len(v) for v in stored.values())
 
     # --- figures -------------------------------------------------------------------------------

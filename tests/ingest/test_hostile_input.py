@@ -101,7 +101,9 @@ def test_ndjson_lines_get_the_same_verdicts(api, key):
 async def test_the_ingest_socket_answers_hostile_events_and_stays_open(tenant, make_key):
     key = await database_sync_to_async(make_key)(tenant)
     ws = WebsocketCommunicator(
-        application, "/ws/v1/events", headers=[(b"authorization", f"Bearer {key}".encode())]
+        application,
+        "/ws/v1/events",
+        headers=[(b"host", b"127.0.0.1:8000"), (b"authorization", f"Bearer {key}".encode())],
     )
     connected, _ = await ws.connect()
     assert connected
@@ -206,7 +208,9 @@ async def test_an_unexpected_failure_is_acked_as_a_server_error_and_the_socket_s
     monkeypatch.setattr(ingest.consumers, "ingest_batch", fails_once)
     key = await database_sync_to_async(make_key)(tenant)
     ws = WebsocketCommunicator(
-        application, "/ws/v1/events", headers=[(b"authorization", f"Bearer {key}".encode())]
+        application,
+        "/ws/v1/events",
+        headers=[(b"host", b"127.0.0.1:8000"), (b"authorization", f"Bearer {key}".encode())],
     )
     assert (await ws.connect())[0]
     await ws.send_to(text_data=orjson.dumps(run_started("r1")).decode())

@@ -136,14 +136,13 @@ def test_long_arguments_are_compared_on_their_view():
 
 
 def test_long_texts_are_alike_on_their_view_and_the_state_keeps_the_view():
-    from ingest.detection.normalize import FUZZY_CHARS
-    from ingest.detection.text import alike
+    from ingest.detection.text import TEXT_PREFIX, alike
 
     body = _long_text(4)
     assert alike(f"{body} order?", f"{body} order number?", 0.85)
     assert not alike(body, _long_text(5), 0.85)
     state, _ = replay_run([_event("run_started"), _event("model_round", round=1, text=f"{body}?")])
-    assert all(len(question[0]) <= FUZZY_CHARS + 18 for question in state.questions)
+    assert state.questions and all(len(question[0]) <= TEXT_PREFIX for question in state.questions)
     assert len(orjson.dumps(state.to_dict())) < 8 * 1024
 
 
