@@ -42,6 +42,8 @@ from ingest.models import (
     Tenant,
     ToolCall,
 )
+from ingest.otlp.rounds import START as ROUND_START
+from ingest.otlp.rounds import rounds_number
 from ingest.pending import TAKE, TASK_BUDGET_S, pending_add, pending_count, pending_take, pending_unqueue
 from ingest.pricing import Price, PriceBook
 from ingest.schema import EventError, find_nul, parse_ts, validate_event
@@ -1192,6 +1194,8 @@ def _materialize(
             if pending.call_id in call_ids[pending.run_id]:
                 waiting[(pending.run_id, pending.call_id)].append(pending)
 
+    # OTLP rounds and calls are numbered by their spans' start times (ingest.otlp.rounds).
+    numbering = rounds_number({run.pk: events[run.pk] for run in runs})
     new_rounds: list[ModelRound] = []
     new_calls: list[ToolCall] = []
     answered: list[ToolCall] = []
@@ -1213,8 +1217,9 @@ def _materialize(
                     ModelRound(
                         run_id=run_pk,
                         seq=seq,
-                        round=body["round"],
+                        round=numbering.of(run_pk, seq, body),
                         ts=ts,
+                        started_at=parse_ts(body[ROUND_START]) if ROUND_START in body else None,
                         input_tokens=body.get("input_tokens", 0),
                         output_tokens=body.get("output_tokens", 0),
                         cost_usd=cost,
@@ -1227,7 +1232,7 @@ def _materialize(
                 call = ToolCall(
                     run_id=run_pk,
                     seq=seq,
-                    round=body["round"],
+                    round=numbering.of(run_pk, seq, body),
                     call_id=body["call_id"],
                     tool=body["tool"],
                     kind=body.get("kind", ToolCall.Kind.OTHER),
@@ -1269,9 +1274,11 @@ def _materialize(
                 update_statement(ToolCall, answered, RESULT_FIELDS),
                 (_PENDING_DELETE_SQL, [consumed]) if consumed else None,
                 insert_statement(PendingResult, new_pending),
+                *numbering.statements(),
             ]
         )
     else:
+        numbering.save()
         ModelRound.objects.bulk_create(new_rounds)
         ToolCall.objects.bulk_create(new_calls)
         ToolCall.objects.bulk_update(answered, RESULT_FIELDS)
