@@ -43,7 +43,7 @@ from ingest.models import (
     ToolCall,
 )
 from ingest.otlp.rounds import START as ROUND_START
-from ingest.otlp.rounds import rounds_number
+from ingest.otlp.rounds import Numbering, rounds_number
 from ingest.pending import TAKE, TASK_BUDGET_S, pending_add, pending_count, pending_take, pending_unqueue
 from ingest.pricing import Price, PriceBook
 from ingest.schema import EventError, find_nul, parse_ts, validate_event
@@ -783,8 +783,10 @@ def _runs_pass(
         if not runs:
             return 0, [], skipped
         cache.load_configs(runs)
-        duplicates = _materialize(runs, events, cache)
-        alerts = _detect(runs, cursors, events, duplicates, cache)
+        # OTLP rounds and calls are numbered by their spans' start times (ingest.otlp.rounds).
+        numbering = rounds_number({run.pk: events[run.pk] for run in runs})
+        duplicates = _materialize(runs, events, cache, numbering)
+        alerts = _detect(runs, cursors, events, duplicates, cache, numbering)
     if alerts:
         alerts_publish_all(alerts=alerts)
     processed = sum(len(events[run.pk]) for run in runs)
@@ -905,9 +907,10 @@ def _detect(
     events: dict[int, _Events],
     found_elsewhere: dict[int, list[Detection]],
     cache: _PassCache,
+    numbering: Numbering,
 ) -> list[tuple[int, dict]]:
     """Feed each run's events to the engine from where it stopped; store what it finds, the runs'
-    figures and the cursors.
+    figures and the cursors, and the renumbered rounds of stored events (`numbering`).
 
     Returns the alerts to publish (interventions) once the transaction has committed, as
     (tenant_id, alert) in the runs' order.
@@ -993,7 +996,7 @@ def _detect(
         )
         published = Detection.objects.filter(which).order_by("pk")
     stored: dict[int, list[Detection]] = defaultdict(list)
-    for detection in _progress_save(rows, figures, positions, published):
+    for detection in _progress_save(rows, figures, positions, published, numbering):
         stored[detection.run_id].append(detection)
     if not stored:
         return []
@@ -1060,6 +1063,7 @@ def _progress_save(
     figures: list[dict[str, Any]],
     positions: list[dict[str, Any]],
     published: models.QuerySet[Detection] | None,
+    numbering: Numbering,
 ) -> list[Detection]:
     """Store the detections (a run processed again stores none twice), write the runs' figures (as
     _detect gathered them), move their cursors, then read the `published` detections; on
@@ -1072,6 +1076,7 @@ def _progress_save(
             [
                 insert_statement(Detection, rows, ignore_conflicts=True),
                 (_PROGRESS_SQL, progress),
+                numbering.bodies_statement(),  # with the runs held (Numbering.bodies_statement)
                 published.query.sql_with_params() if published is not None else None,
             ]
         )
@@ -1082,6 +1087,7 @@ def _progress_save(
                 detection.evidence = orjson.loads(detection.evidence)
         return stored
     Detection.objects.bulk_create(rows, ignore_conflicts=True)
+    numbering.bodies_save()
     for position in positions:
         RunCursor.objects.filter(run_id=position["run_id"]).update(
             position=position["position"],
@@ -1162,7 +1168,7 @@ def alerts_publish_all(*, alerts: list[tuple[int, dict]]) -> None:
 
 
 def _materialize(
-    runs: list[Run], events: dict[int, _Events], cache: _PassCache
+    runs: list[Run], events: dict[int, _Events], cache: _PassCache, numbering: Numbering
 ) -> dict[int, list[Detection]]:
     """Model rounds and tool calls of a pass's events, every run's together. Returns the duplicate
     side effects the ledger found, by run pk."""
@@ -1194,8 +1200,6 @@ def _materialize(
             if pending.call_id in call_ids[pending.run_id]:
                 waiting[(pending.run_id, pending.call_id)].append(pending)
 
-    # OTLP rounds and calls are numbered by their spans' start times (ingest.otlp.rounds).
-    numbering = rounds_number({run.pk: events[run.pk] for run in runs})
     new_rounds: list[ModelRound] = []
     new_calls: list[ToolCall] = []
     answered: list[ToolCall] = []
@@ -1274,11 +1278,11 @@ def _materialize(
                 update_statement(ToolCall, answered, RESULT_FIELDS),
                 (_PENDING_DELETE_SQL, [consumed]) if consumed else None,
                 insert_statement(PendingResult, new_pending),
-                *numbering.statements(),
+                *numbering.rows_statements(),
             ]
         )
     else:
-        numbering.save()
+        numbering.rows_save()
         ModelRound.objects.bulk_create(new_rounds)
         ToolCall.objects.bulk_create(new_calls)
         ToolCall.objects.bulk_update(answered, RESULT_FIELDS)

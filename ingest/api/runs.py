@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+from datetime import datetime
+from urllib.parse import urlencode
+
+import orjson
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -54,7 +60,31 @@ class RunOutputSerializer(serializers.Serializer):
         return cursor.position if cursor else 0
 
 
+def runs_cursor_encode(run) -> str:
+    """The cursor of the page after `run`: its start and pk, opaque to clients."""
+    started = run.started_at.isoformat() if run.started_at is not None else None
+    return base64.urlsafe_b64encode(orjson.dumps([started, run.pk])).decode().rstrip("=")
+
+
+def runs_cursor_decode(raw: str) -> tuple[datetime | None, int]:
+    try:
+        started, pk = orjson.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        if not isinstance(pk, int) or isinstance(pk, bool) or not (started is None or isinstance(started, str)):
+            raise ValueError
+        return (datetime.fromisoformat(started) if started is not None else None), pk
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise ApiError(
+            400,
+            "invalid_parameter",
+            "cursor: not a cursor of this API (take it from the Link header of the page before)",
+            "cursor",
+        ) from None
+
+
 class RunListApi(APIView):
+    """Runs, the latest started first, a page at a time: when there are more, the answer's
+    `Link: <…&cursor=…>; rel="next"` header is the next page (the same filters and limit)."""
+
     permission_classes = [HasReadScope]
 
     @extend_schema(
@@ -63,13 +93,39 @@ class RunListApi(APIView):
             OpenApiParameter(name, str, required=False)
             for name in ("status", "backend", "task_type", "agent")
         ]
-        + [OpenApiParameter("limit", int, required=False)],
+        + [
+            OpenApiParameter("limit", int, required=False, description=f"runs per page, 1 to {MAX_PAGE}"),
+            OpenApiParameter(
+                "cursor",
+                str,
+                required=False,
+                description="the page after the one whose Link header gave this cursor",
+            ),
+            OpenApiParameter(
+                "Link",
+                str,
+                location=OpenApiParameter.HEADER,
+                response=[200],
+                description='`</api/v1/runs?…&cursor=…>; rel="next"` when there are more runs: the next page',
+            ),
+        ],
         responses=RunOutputSerializer(many=True),
     )
     def get(self, request):
         limit = _int_param(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
-        runs = run_list(tenant=request.user.tenant, filters=request.query_params.dict(), limit=limit)
-        return Response(RunOutputSerializer(runs.select_related("cursor"), many=True).data)
+        raw = request.query_params.get("cursor")
+        after = runs_cursor_decode(raw) if raw is not None else None
+        runs = list(
+            run_list(
+                tenant=request.user.tenant, filters=request.query_params.dict(), limit=limit + 1, after=after
+            ).select_related("cursor")
+        )
+        response = Response(RunOutputSerializer(runs[:limit], many=True).data)
+        if len(runs) > limit:
+            params = {k: v for k, v in request.query_params.items() if k != "cursor"}
+            params["cursor"] = runs_cursor_encode(runs[limit - 1])
+            response["Link"] = f'<{request.path}?{urlencode(params)}>; rel="next"'
+        return response
 
 
 class RunDetailApi(APIView):

@@ -60,22 +60,30 @@ class Numbering:
     def of(self, run_pk: int, seq: int, body: dict[str, Any]) -> int:
         return self.rounds.get((run_pk, seq), body["round"])
 
-    def statements(self) -> list[Statement]:
-        """The UPDATEs of moved rows and rewritten bodies (PostgreSQL, for statements_run)."""
-        bodies = None
-        if self.bodies:
-            run_pks, seqs, numbers = (list(column) for column in zip(*self.bodies, strict=True))
-            bodies = (_BODIES_SQL, [run_pks, seqs, numbers])
+    def rows_statements(self) -> list[Statement]:
+        """The UPDATEs of the moved ModelRound and ToolCall rows (PostgreSQL, for statements_run)."""
         return [
             update_statement(ModelRound, self.moved_rounds, ["round"]),
             update_statement(ToolCall, self.moved_calls, ["round"]),
-            bodies,
         ]
 
-    def save(self) -> None:
-        """statements(), elsewhere than PostgreSQL."""
+    def bodies_statement(self) -> Statement:
+        """The UPDATE of the events whose round changed (PostgreSQL). Run once the pass holds its
+        runs' rows: ingest holds them while it inserts, and an insert of an event_id that is being
+        rewritten waits for the rewrite; with the run's lock taken first, neither waits for the
+        other while holding what the other needs."""
+        if not self.bodies:
+            return None
+        run_pks, seqs, numbers = (list(column) for column in zip(*self.bodies, strict=True))
+        return _BODIES_SQL, [run_pks, seqs, numbers]
+
+    def rows_save(self) -> None:
+        """rows_statements(), elsewhere than PostgreSQL."""
         ModelRound.objects.bulk_update(self.moved_rounds, ["round"])
         ToolCall.objects.bulk_update(self.moved_calls, ["round"])
+
+    def bodies_save(self) -> None:
+        """bodies_statement(), elsewhere than PostgreSQL."""
         for run_pk, seq, number in self.bodies:
             event = Event.objects.get(run_id=run_pk, seq=seq)
             event.body["round"] = number

@@ -324,3 +324,60 @@ def test_four_threads_sending_shuffled_exports_twice_store_what_one_by_one_does(
     for run in (*runs.values(), *reference.values()):
         del run["run_started"]
     assert runs == reference
+
+
+@pytest.mark.django_db
+def test_the_sweep_places_a_waiting_root_span_once_its_run_exists_and_drops_old_ones(
+    api, tenant, key, settings
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ingest.models import ParkedSpan
+    from ingest.tasks import otlp_parked_sweep
+
+    agent, memory = recorded()
+    shop(agent)
+    root = [s for s in memory.get_finished_spans() if s.parent is None]
+    assert (
+        " waiting=1 " in api.post(URL, request_bytes(root), key, content_type=PROTOBUF)["X-Loopwatch-Spans"]
+    )
+    # The runtime starts its run over REST and sends no other span: only the sweep places the root.
+    started = {
+        "type": "run_started",
+        "run_id": trace_of(root[0]),
+        "ts": "2026-11-29T10:59:00Z",
+        "agent": "shop",
+    }
+    assert api.post("/api/v1/events", [started], key).status_code == 200
+    assert otlp_parked_sweep() == 1
+    run = Run.objects.get(tenant=tenant)
+    assert run.status == "succeeded" and run.finished_at is not None
+    assert not ParkedSpan.objects.exists()
+    assert otlp_parked_sweep() == 0
+
+    # A root span whose run never comes (a trace without agent semantics) is dropped in the end.
+    agent, memory = recorded()
+    with agent.span("GET /healthz", {"http.request.method": "GET"}):
+        pass
+    api.post(URL, request_bytes(memory.get_finished_spans()), key, content_type=PROTOBUF)
+    assert ParkedSpan.objects.count() == 1
+    assert otlp_parked_sweep() == 0
+    ParkedSpan.objects.update(
+        parked_at=timezone.now() - timedelta(seconds=settings.LOOPWATCH_OTLP_PARK_S + 1)
+    )
+    assert otlp_parked_sweep() == 1 and not ParkedSpan.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_span_parked_twice_is_parked_once(api, tenant, key):
+    from ingest.models import ParkedSpan
+
+    agent, memory = recorded()
+    shop(agent)
+    root = [s for s in memory.get_finished_spans() if s.parent is None]
+    for _ in range(2):
+        response = api.post(URL, request_bytes(root), key, content_type=PROTOBUF)
+        assert " waiting=1 " in response["X-Loopwatch-Spans"]
+    assert ParkedSpan.objects.count() == 1
