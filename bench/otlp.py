@@ -21,6 +21,10 @@
    spans: sent, stored (with events), waiting (parked for a run), ignored, counted from the
    answers' X-Loopwatch-Spans headers and checked against the database (every trace a finished
    run, its rounds and tool calls as many as its spans).
+6. With --detect, then runs detection over the OTLP runs in this process's stead (manage.py shell,
+   as the pending task does: runs_process, TAKE runs a pass) and prints its events/s and how many
+   model rounds were out of start-time order before it (numbered as they arrived) and after it
+   (0: the pass renumbered them).
 
 Exits 1 when a request failed or a span or figure is missing, 2 on a setup error.
 """
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8771)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--shuffle", action="store_true", help="send the exports in a random order")
+    parser.add_argument("--detect", action="store_true", help="then run detection over the OTLP runs")
     args = parser.parse_args(argv)
     if "bench" not in args.database_url.rsplit("/", 1)[-1]:
         parser.error("--database-url: the database is emptied; its name must contain 'bench'")
@@ -281,17 +286,22 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
         rest.redis_purge(args.redis_url)
+    detected = detect(env) if args.detect else None
 
     def p(values: list[float], q: float) -> float:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
     print(
         f"machine busy before the start: {busy:.0%}; {args.clients} clients, uvicorn --workers {args.workers}"
+        f"{', exports shuffled' if args.shuffle else ''}"
     )
+    missing = spans_report(spans, roles, args.traces, counts, found)
+    if detected is not None:
+        print(detected)
+        missing += not detected.endswith("after 0")
     print("| path | requests | spans/s | events/s | p50 / p99 ms | server CPU µs/event |")
     print("|---|---|---|---|---|---|")
     wall, failed, latencies, cpu, stored = otlp
-    missing = spans_report(spans, roles, args.traces, counts, found)
     print(
         f"| OTLP protobuf, {args.batch} spans/export | {len(bodies)} | {spans / wall:,.0f} | {stored / wall:,.0f} "
         f"| {p(latencies, 0.5):.0f} / {p(latencies, 0.99):.0f} | {cpu / stored * 1e6:.0f} |"
@@ -304,6 +314,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"REST stored {stored_r} events, OTLP {stored}", file=sys.stderr)
         failed_r += 1
     return 1 if failed or failed_r or missing else 0
+
+
+# Run by manage.py shell (Django set up on the bench database): detection over the OTLP runs, as
+# the pending task runs it (TAKE runs a pass), and how many model rounds are out of start order.
+DETECT = """
+import time
+from django.db import connection
+from ingest import services
+from ingest.models import Run
+from ingest.pending import TAKE
+
+OUT_OF_ORDER = (
+    "SELECT count(*) FROM (SELECT (e.body->>'round')::int AS number, rank() OVER (PARTITION BY "
+    "e.run_id ORDER BY e.body->>'otel_start', e.ts, e.seq) AS by_start FROM ingest_event AS e "
+    "JOIN ingest_run AS r ON r.id = e.run_id WHERE e.type = 'model_round' "
+    "AND r.run_id NOT LIKE 'rest-%%') AS x WHERE number <> by_start"
+)
+
+
+def out_of_order():
+    with connection.cursor() as cursor:
+        cursor.execute(OUT_OF_ORDER, [])
+        return cursor.fetchone()[0]
+
+
+before = out_of_order()
+pks = list(Run.objects.exclude(run_id__startswith="rest-").values_list("pk", flat=True))
+started = time.perf_counter()
+events = sum(services.runs_process(run_pks=pks[i : i + TAKE]) for i in range(0, len(pks), TAKE))
+took = time.perf_counter() - started
+print(
+    f"detection: {events} events of {len(pks)} runs in {took:.1f} s ({events / took:,.0f} events/s); "
+    f"model rounds out of start order: before {before}, after {out_of_order()}"
+)
+"""
+
+
+def detect(env: dict[str, str]) -> str:
+    return rest.manage(env, "shell", "-c", DETECT).strip()
 
 
 def stored_spans(conn) -> dict[str, int]:

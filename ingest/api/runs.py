@@ -69,7 +69,11 @@ def runs_cursor_encode(run) -> str:
 def runs_cursor_decode(raw: str) -> tuple[datetime | None, int]:
     try:
         started, pk = orjson.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-        if not isinstance(pk, int) or isinstance(pk, bool) or not (started is None or isinstance(started, str)):
+        if (
+            not isinstance(pk, int)
+            or isinstance(pk, bool)
+            or not (started is None or isinstance(started, str))
+        ):
             raise ValueError
         return (datetime.fromisoformat(started) if started is not None else None), pk
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):

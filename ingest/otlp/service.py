@@ -55,7 +55,6 @@ class OtlpResult:
     ignored: int = 0  # spans without agent semantics (HTTP, database, embeddings…)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (span label, "field: reason")
     runs: list[str] = field(default_factory=list)
-    placed: int = 0  # spans that had waited, placed by this export
 
     @property
     def rejected(self) -> int:
@@ -93,8 +92,8 @@ def otlp_traces_ingest(
                 f"names tenant {str(named)[:100]!r}, but the API key is tenant {tenant.slug!r}'s",
             )
     plans = spans_plan(spans, run_id_sources)
-    built, statuses, placed = _plans_store(tenant, plans, max_event_bytes=max_event_bytes)
-    result = OtlpResult(spans=len(spans), placed=placed)
+    built, statuses, _ = _plans_store(tenant, plans, max_event_bytes=max_event_bytes)
+    result = OtlpResult(spans=len(spans))
     waiting, repeated = set(built.waiting), set(built.repeated)
     for index, span in enumerate(spans):
         problem = built.refused.get(index)
