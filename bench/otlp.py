@@ -352,7 +352,7 @@ print(
 
 
 def detect(env: dict[str, str]) -> str:
-    return rest.manage(env, "shell", "-c", DETECT).strip()
+    return rest.manage(env, "shell", "--no-imports", "-c", DETECT).strip()
 
 
 def stored_spans(conn) -> dict[str, int]:

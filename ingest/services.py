@@ -784,7 +784,10 @@ def _runs_pass(
             return 0, [], skipped
         cache.load_configs(runs)
         # OTLP rounds and calls are numbered by their spans' start times (ingest.otlp.rounds).
-        numbering = rounds_number({run.pk: events[run.pk] for run in runs})
+        numbering = rounds_number(
+            {run.pk: events[run.pk] for run in runs},
+            fresh={run.pk for run in runs if not cursors[run.pk].position},
+        )
         duplicates = _materialize(runs, events, cache, numbering)
         alerts = _detect(runs, cursors, events, duplicates, cache, numbering)
     if alerts:

@@ -16,6 +16,7 @@ round of the same run.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -97,10 +98,13 @@ WHERE e.run_id = v.run_id AND e.seq = v.seq
 """
 
 
-def rounds_number(events: dict[int, list[tuple[int, str, datetime, dict]]]) -> Numbering:
+def rounds_number(
+    events: dict[int, list[tuple[int, str, datetime, dict]]], *, fresh: set[int] = frozenset()
+) -> Numbering:
     """Number by start time the OTLP rounds and calls of a pass (`events`: per run pk, its new
     events as (seq, type, ts, body)), moving the ones stored before when a span started earlier
-    than they did. Reads the runs' stored rounds and calls from their earliest new start on."""
+    than they did. Reads the runs' stored rounds and calls from their earliest new start on, but
+    for the `fresh` runs (none of their events processed yet: nothing stored to move)."""
     numbering = Numbering()
     new_rounds: dict[int, list[_Round]] = defaultdict(list)
     new_calls: dict[int, list[_Call]] = defaultdict(list)
@@ -118,14 +122,18 @@ def rounds_number(events: dict[int, list[tuple[int, str, datetime, dict]]]) -> N
     }
     if not since:
         return numbering
-    before, stored_rounds, stored_calls = _stored_read(since)
+    before, stored_rounds, stored_calls = _stored_read(
+        {pk: at for pk, at in since.items() if pk not in fresh}
+    )
     for run_pk in since:
         rounds = sorted(stored_rounds[run_pk] + new_rounds[run_pk], key=lambda r: (r.start, r.ts, r.seq))
-        starts = [r.start for r in rounds]
-        for number, item in enumerate(rounds, start=before.get(run_pk, 0) + 1):
+        first = before.get(run_pk, 0)
+        for number, item in enumerate(rounds, start=first + 1):
             _renumber(numbering, run_pk, item, number, ModelRound)
+        starts = [r.start for r in rounds]
         for call in stored_calls[run_pk] + new_calls[run_pk]:
-            number = before.get(run_pk, 0) + sum(1 for start in starts if start <= call.ts)
+            # The rounds that started before the call did, or at the same moment.
+            number = first + bisect.bisect_right(starts, call.ts)
             _renumber(numbering, run_pk, call, max(number, 1), ToolCall)
     return numbering
 
@@ -165,6 +173,8 @@ def _stored_read(
 ) -> tuple[dict[int, int], dict[int, list[_Round]], dict[int, list[_Call]]]:
     rounds: dict[int, list[_Round]] = defaultdict(list)
     calls: dict[int, list[_Call]] = defaultdict(list)
+    if not since:
+        return {}, rounds, calls
     if connection.vendor == "postgresql":
         from ingest.bulk import statements_run
 
