@@ -287,7 +287,7 @@ def test_a_span_twice_in_one_export_is_one_round(api, tenant, key):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_exports_of_one_new_trace_racing(live_server, tenant, make_key):
+def test_two_exports_of_one_new_trace_racing(live_server, tenant, make_key, needs_postgres):
     """Both find the run new at the same moment: one creates it, the other continues it."""
     key = make_key(tenant)
     for _ in range(5):
