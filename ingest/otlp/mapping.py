@@ -695,7 +695,7 @@ def _ends_run(plan: SpanPlan) -> bool:
     return plan.run_from_trace and not plan.span.parent_id
 
 
-def start_key(span: SpanIn) -> tuple[int, int, str]:
+def _start_key(span: SpanIn) -> tuple[int, int, str]:
     """What orders model rounds: start, then end (in microseconds, as stored), then the span id."""
     return span.start_ns // 1000, span.end_ns // 1000, span.span_id
 
@@ -741,7 +741,7 @@ def _run_events(
     base = known.rounds if known is not None else 0
     stored = known.stored_rounds if known is not None else frozenset()
     responses = sorted(
-        (p for p in members if p.role == LLM and _responded(p.span)), key=lambda p: start_key(p.span)
+        (p for p in members if p.role == LLM and _responded(p.span)), key=lambda p: _start_key(p.span)
     )
     starts: list[tuple[int, int]] = []  # (start in µs, round) of the new rounds, in start order
     number = base

@@ -298,6 +298,11 @@ def test_two_exports_of_one_new_trace_racing(live_server, tenant, make_key, need
         run = Run.objects.get(tenant=tenant, run_id=trace_of(spans[0]))
         assert_complete({run.run_id: stored(tenant)[run.run_id]}, spans)
         assert Event.objects.filter(run=run, type="run_started", event_id="otel:run_started").count() == 1
+        # Sent again, whole or as it was split: nothing more, not even a run_started.
+        events = Event.objects.filter(run=run).count()
+        for body in [request_bytes(spans), *bodies]:
+            assert " accepted=0 " in post(live_server.url, key, body)[1]
+        assert Event.objects.filter(run=run).count() == events
 
 
 @pytest.mark.django_db(transaction=True)
@@ -325,9 +330,15 @@ def test_four_threads_sending_shuffled_exports_twice_store_what_one_by_one_does(
         tenant = tenant_get_or_create(slug=f"shuffled-{seed}")
         shuffled = bodies * 2
         random.Random(seed).shuffle(shuffled)
-        send_concurrently(live_server.url, make_key(tenant), shuffled, threads=4)
+        key = make_key(tenant)
+        send_concurrently(live_server.url, key, shuffled, threads=4)
         runs = stored(tenant)
         assert_complete(runs, spans)
+        # A third time, one by one: nothing more is stored, not even a run_started.
+        events = Event.objects.filter(run__tenant=tenant).count()
+        for body in bodies:
+            assert " accepted=0 " in post(live_server.url, key, body)[1]
+        assert Event.objects.filter(run__tenant=tenant).count() == events
         for run in runs.values():
             del run["run_started"]
         assert runs == reference, seed
