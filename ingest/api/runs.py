@@ -87,7 +87,9 @@ def runs_cursor_decode(raw: str) -> tuple[datetime | None, int]:
 
 class RunListApi(APIView):
     """Runs, the latest started first, a page at a time: when there are more, the answer's
-    `Link: <…&cursor=…>; rel="next"` header is the next page (the same filters and limit)."""
+    `Link: <…&cursor=…>; rel="next"` header is the next page (the same filters and limit). The
+    cursor is a position in that order: a run whose start moves while you page (its OTLP root
+    span arriving late moves it earlier) may be listed twice or not at all."""
 
     permission_classes = [HasReadScope]
 
