@@ -1,7 +1,7 @@
 """OTLP ingest benchmark: spans/s through POST /v1/traces, beside REST events/s for the same events.
 
     .venv/bin/python bench/otlp.py [--traces 2000] [--batch 512] [--clients 2] [--workers 2]
-        [--database-url postgres://postgres@127.0.0.1:5432/lw_otlp_bench]
+        [--shuffle] [--database-url postgres://postgres@127.0.0.1:5432/lw_otlp_bench]
         [--redis-url redis://127.0.0.1:6379/15] [--port 8771]
 
 1. Creates the bench database if missing, migrates it, empties the event and run tables (only in
@@ -10,15 +10,23 @@
 2. Makes agent traces with the real opentelemetry-sdk (GenAI conventions: an invoke_agent span,
    then 3-8 rounds of a chat span and 1-3 execute_tool spans with arguments and results), and
    encodes them as the OTLP exporter does, --batch spans per export (the BatchSpanProcessor's
-   default is 512), before the clock starts.
+   default is 512), before the clock starts. --shuffle sends the exports in a random order (a
+   collector's parallel exporters: a trace's root span often before its model and tool spans).
 3. Starts uvicorn (--workers), DEBUG off, REDIS_URL set (detection is queued, nothing consumes it),
    warms its workers up with a few small exports (then empties the tables again). OTLP: --clients processes POST the exports (protobuf) over keep-alive connections; every answer
    must be 200 without rejected spans.
 4. REST: the events the OTLP phase stored, read back and given new run ids, POSTed to
    /api/v1/events in batches of the same number of events per request as the OTLP exports made.
-5. Prints spans/s and events/s for both, with the server's CPU per event.
+5. Prints spans/s and events/s for both, with the server's CPU per event, and what became of the
+   spans: sent, stored (with events), waiting (parked for a run), ignored, counted from the
+   answers' X-Loopwatch-Spans headers and checked against the database (every trace a finished
+   run, its rounds and tool calls as many as its spans).
+6. With --detect, then runs detection over the OTLP runs in this process's stead (manage.py shell,
+   as the pending task does: runs_process, TAKE runs a pass) and prints its events/s and how many
+   model rounds were out of start-time order before it (numbered as they arrived) and after it
+   (0: the pass renumbered them).
 
-Exits 1 when a request failed, 2 on a setup error.
+Exits 1 when a request failed or a span or figure is missing, 2 on a setup error.
 """
 
 from __future__ import annotations
@@ -49,8 +57,9 @@ TOOLS = ("search_orders", "get_order", "query_db", "http_get", "update_ticket")
 # --- traces ---------------------------------------------------------------------------------------
 
 
-def make_exports(seed: int, traces: int, batch: int) -> tuple[list[bytes], int]:
-    """(export bodies, spans in all): agent traces from the SDK, encoded as the exporter does."""
+def make_exports(seed: int, traces: int, batch: int) -> tuple[list[bytes], int, dict[str, int]]:
+    """(export bodies, spans in all, spans per role): agent traces from the SDK, encoded as the
+    exporter does."""
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
@@ -118,7 +127,10 @@ def make_exports(seed: int, traces: int, batch: int) -> tuple[list[bytes], int]:
         root.end(end_time=tick())
     spans = list(memory.get_finished_spans())
     bodies = [encode_spans(spans[i : i + batch]).SerializeToString() for i in range(0, len(spans), batch)]
-    return bodies, len(spans)
+    roles = {"chat": 0, "execute_tool": 0, "invoke_agent": 0}
+    for span in spans:
+        roles[span.attributes["gen_ai.operation.name"]] += 1
+    return bodies, len(spans), roles
 
 
 # --- clients ---------------------------------------------------------------------------------------
@@ -142,6 +154,7 @@ def post(port: int, path: str, content_type: str, key: str, body: bytes) -> tupl
 def client(port: int, path: str, content_type: str, key: str, bodies: list[bytes], barrier, out_q) -> None:
     failures = 0
     latencies = []
+    counts: dict[str, int] = {}
     conn = http.client.HTTPConnection(HOST, port, timeout=120)
     barrier.wait()
     start = time.perf_counter()
@@ -153,6 +166,9 @@ def client(port: int, path: str, content_type: str, key: str, bodies: list[bytes
         response = conn.getresponse()
         answer = response.read()
         latencies.append(time.perf_counter() - sent)
+        for item in (response.getheader("X-Loopwatch-Spans") or "").split():
+            name, _, value = item.partition("=")
+            counts[name] = counts.get(name, 0) + int(value)
         if response.status != 200 or (path == "/v1/traces" and answer):
             failures += 1
             if failures == 1:
@@ -160,13 +176,14 @@ def client(port: int, path: str, content_type: str, key: str, bodies: list[bytes
         # A new connection per request spreads the requests over the uvicorn workers.
         conn.close()
         conn = http.client.HTTPConnection(HOST, port, timeout=120)
-    out_q.put((time.perf_counter() - start, start, failures, latencies))
+    out_q.put((time.perf_counter() - start, start, failures, latencies, counts))
 
 
 def phase(
     port: int, path: str, content_type: str, key: str, bodies: list[bytes], clients: int, pids: list[int]
 ):
-    """Wall time (first start to last end), failures, latencies, server CPU seconds."""
+    """Wall time (first start to last end), failures, latencies, server CPU seconds, the summed
+    X-Loopwatch-Spans counts."""
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(clients + 1)
     out_q = ctx.Queue()
@@ -185,7 +202,11 @@ def phase(
     first = min(r[1] for r in results)
     wall = max(r[1] + r[0] for r in results) - first
     latencies = sorted(x for r in results for x in r[3])
-    return wall, sum(r[2] for r in results), latencies, cpu
+    counts: dict[str, int] = {}
+    for r in results:
+        for name, value in r[4].items():
+            counts[name] = counts.get(name, 0) + value
+    return wall, sum(r[2] for r in results), latencies, cpu, counts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--port", type=int, default=8771)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--shuffle", action="store_true", help="send the exports in a random order")
+    parser.add_argument("--detect", action="store_true", help="then run detection over the OTLP runs")
     args = parser.parse_args(argv)
     if "bench" not in args.database_url.rsplit("/", 1)[-1]:
         parser.error("--database-url: the database is emptied; its name must contain 'bench'")
@@ -213,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         rest.reset_tables(args.database_url)
         key = rest.manage(env, "create_api_key", TENANT, "--scopes", "ingest,read", "--name", "bench").strip()
         t0 = time.perf_counter()
-        bodies, spans = make_exports(args.seed, args.traces, args.batch)
+        bodies, spans, roles = make_exports(args.seed, args.traces, args.batch)
+        if args.shuffle:
+            random.Random(args.seed).shuffle(bodies)
         print(
             f"{spans} spans in {len(bodies)} exports of up to {args.batch} "
             f"({sum(map(len, bodies)) / spans:.0f} bytes a span), made in {time.perf_counter() - t0:.1f} s"
@@ -224,20 +249,21 @@ def main(argv: list[str] | None = None) -> int:
         pids = server.worker_pids()
         # Warm every worker up (database pool, broker connection, the publisher thread) before the
         # clock: the phase that runs first would otherwise pay for it in its tail latency.
-        warm, _ = make_exports(args.seed + 1, 4 * args.workers, 64)
+        warm, _, _ = make_exports(args.seed + 1, 4 * args.workers, 64)
         for body in warm:
             status, answer = post(args.port, "/v1/traces", "application/x-protobuf", key, body)
             if status != 200 or answer:
                 raise rest.SetupError(f"warm-up export: {status} {answer[:300]!r}")
         with psycopg.connect(args.database_url, autocommit=True) as conn:
-            conn.execute("TRUNCATE ingest_event, ingest_run RESTART IDENTITY CASCADE")
+            conn.execute("TRUNCATE ingest_event, ingest_run, ingest_parkedspan RESTART IDENTITY CASCADE")
 
-        wall, failed, latencies, cpu = phase(
+        wall, failed, latencies, cpu, counts = phase(
             args.port, "/v1/traces", "application/x-protobuf", key, bodies, args.clients, pids
         )
         with psycopg.connect(args.database_url) as conn:
             stored = conn.execute("SELECT count(*) FROM ingest_event").fetchone()[0]
             rows = conn.execute("SELECT body::text FROM ingest_event ORDER BY run_id, seq").fetchall()
+            found = stored_spans(conn)
         otlp = (wall, failed, latencies, cpu, stored)
 
         # The same events through REST, under new run ids, as many per request as an export made.
@@ -248,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             event["run_id"] = "rest-" + event["run_id"]
             events.append(event)
         batches = [orjson.dumps(events[i : i + per_request]) for i in range(0, len(events), per_request)]
-        wall_r, failed_r, latencies_r, cpu_r = phase(
+        wall_r, failed_r, latencies_r, cpu_r, _ = phase(
             args.port, "/api/v1/events", "application/json", key, batches, args.clients, pids
         )
         with psycopg.connect(args.database_url) as conn:
@@ -260,13 +286,19 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
         rest.redis_purge(args.redis_url)
+    detected = detect(env) if args.detect else None
 
     def p(values: list[float], q: float) -> float:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
     print(
         f"machine busy before the start: {busy:.0%}; {args.clients} clients, uvicorn --workers {args.workers}"
+        f"{', exports shuffled' if args.shuffle else ''}"
     )
+    missing = spans_report(spans, roles, args.traces, counts, found)
+    if detected is not None:
+        print(detected)
+        missing += not detected.endswith("after 0")
     print("| path | requests | spans/s | events/s | p50 / p99 ms | server CPU µs/event |")
     print("|---|---|---|---|---|---|")
     wall, failed, latencies, cpu, stored = otlp
@@ -281,7 +313,93 @@ def main(argv: list[str] | None = None) -> int:
     if stored_r != stored:
         print(f"REST stored {stored_r} events, OTLP {stored}", file=sys.stderr)
         failed_r += 1
-    return 1 if failed or failed_r else 0
+    return 1 if failed or failed_r or missing else 0
+
+
+# Run by manage.py shell (Django set up on the bench database): detection over the OTLP runs, as
+# the pending task runs it (TAKE runs a pass), and how many model rounds are out of start order.
+DETECT = """
+import time
+from django.db import connection
+from ingest import services
+from ingest.models import Run
+from ingest.pending import TAKE
+
+OUT_OF_ORDER = (
+    "SELECT count(*) FROM (SELECT (e.body->>'round')::int AS number, rank() OVER (PARTITION BY "
+    "e.run_id ORDER BY e.body->>'otel_start', e.ts, e.seq) AS by_start FROM ingest_event AS e "
+    "JOIN ingest_run AS r ON r.id = e.run_id WHERE e.type = 'model_round' "
+    "AND r.run_id NOT LIKE 'rest-%%') AS x WHERE number <> by_start"
+)
+
+
+def out_of_order():
+    with connection.cursor() as cursor:
+        cursor.execute(OUT_OF_ORDER, [])
+        return cursor.fetchone()[0]
+
+
+before = out_of_order()
+pks = list(Run.objects.exclude(run_id__startswith="rest-").values_list("pk", flat=True))
+started = time.perf_counter()
+events = sum(services.runs_process(run_pks=pks[i : i + TAKE]) for i in range(0, len(pks), TAKE))
+took = time.perf_counter() - started
+print(
+    f"detection: {events} events of {len(pks)} runs in {took:.1f} s ({events / took:,.0f} events/s); "
+    f"model rounds out of start order: before {before}, after {out_of_order()}"
+)
+"""
+
+
+def detect(env: dict[str, str]) -> str:
+    return rest.manage(env, "shell", "--no-imports", "-c", DETECT).strip()
+
+
+def stored_spans(conn) -> dict[str, int]:
+    """What the database holds of the OTLP phase: spans with events (from the event ids,
+    otel:<trace>:<span>:<what>), spans parked for a run, runs, finished runs, rounds, tool calls."""
+    spans = conn.execute(
+        "SELECT count(DISTINCT split_part(event_id, ':', 3)) FROM ingest_event "
+        "WHERE event_id LIKE 'otel:%:%:%'"
+    ).fetchone()[0]
+    waiting = conn.execute("SELECT count(*) FROM ingest_parkedspan").fetchone()[0]
+    runs, finished, rounds, calls = conn.execute(
+        "SELECT count(*), count(finished_at), coalesce(sum(rounds), 0), coalesce(sum(tool_calls), 0) "
+        "FROM ingest_run"
+    ).fetchone()
+    return {
+        "spans": spans,
+        "waiting": waiting,
+        "runs": runs,
+        "finished": finished,
+        "rounds": rounds,
+        "calls": calls,
+    }
+
+
+def spans_report(sent: int, roles: dict[str, int], traces: int, counts: dict[str, int], found: dict) -> int:
+    """Print spans sent / stored / waiting / ignored (answers and database); the number missing."""
+    print(
+        f"spans sent {sent}: stored {found['spans']}, waiting {found['waiting']} (database); answers said "
+        f"accepted {counts.get('accepted', 0)}, duplicate {counts.get('duplicate', 0)}, "
+        f"waiting {counts.get('waiting', 0)}, ignored {counts.get('ignored', 0)}, "
+        f"rejected {counts.get('rejected', 0)}"
+    )
+    print(
+        f"runs {found['runs']} of {traces} traces, {found['finished']} finished; rounds {found['rounds']} "
+        f"of {roles['chat']} chat spans; tool calls {found['calls']} of {roles['execute_tool']} tool spans"
+    )
+    expected = {
+        "spans": sent,
+        "runs": traces,
+        "finished": traces,
+        "rounds": roles["chat"],
+        "calls": roles["execute_tool"],
+    }
+    short = {name: (found[name], value) for name, value in expected.items() if found[name] != value}
+    if short:
+        print(f"MISSING (found, expected): {short}", file=sys.stderr)
+    return len(short)
 
 
 if __name__ == "__main__":

@@ -220,6 +220,9 @@ class ModelRound(models.Model):
     seq = models.PositiveIntegerField()
     round = models.PositiveIntegerField()
     ts = models.DateTimeField()
+    # When the model call started (an OTLP span's start; null for rounds sent over REST): rounds with
+    # one are numbered by it, whatever order their spans arrived in (ingest.otlp.rounds).
+    started_at = models.DateTimeField(null=True, blank=True)
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     cost_usd = models.FloatField(default=0)
@@ -283,6 +286,29 @@ class PendingResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} result for {self.call_id}"
+
+
+class ParkedSpan(models.Model):
+    """An OTLP span that cannot be placed yet: a trace's root or agent span exported before any of the
+    trace's model or tool spans made its run. Placed by the export that creates the run, in its
+    transaction (or by the otlp_parked_sweep task once a run exists); dropped after
+    LOOPWATCH_OTLP_PARK_S."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
+    run_id = models.CharField(max_length=200)
+    # trace id and span id (48 hex digits): a span exported twice is parked once.
+    span_key = models.CharField(max_length=48)
+    span = models.JSONField(help_text="The span as ingest.otlp.mapping.span_dump writes it.")
+    parked_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "run_id", "span_key"], name="parked_span_uniq")
+        ]
+        indexes = [models.Index(fields=["parked_at"], name="parked_span_age")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} span {self.span_key[32:]}"
 
 
 class Detection(models.Model):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import datetime
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 
 from ingest.detection import KINDS, Config, Thresholds, ToolSpec
 from ingest.detection.config import MODE_PREFIX
@@ -15,14 +16,30 @@ from ingest.models import Detection, Event, Run, Tenant, ThresholdSet, ToolConfi
 logger = logging.getLogger(__name__)
 
 
-def run_list(*, tenant: Tenant, filters: dict[str, str] | None = None, limit: int = 100) -> QuerySet[Run]:
+def run_list(
+    *,
+    tenant: Tenant,
+    filters: dict[str, str] | None = None,
+    limit: int = 100,
+    after: tuple[datetime | None, int] | None = None,
+) -> QuerySet[Run]:
+    """The tenant's runs, the latest started first (then the latest created), `limit` of them;
+    with `after` (the started_at and pk of the last run of the page before), the page after it."""
     qs = Run.objects.filter(tenant=tenant)
     for name, value in (filters or {}).items():
         if name in ("status", "backend", "task_type", "agent", "model") and value:
             qs = qs.filter(**{name: value})
         elif name == "detection" and value == "failed":  # quarantined (RunCursor.failures)
             qs = qs.filter(cursor__failures__gt=0)
-    return qs.order_by("-started_at", "-pk")[:limit]
+    if after is not None:
+        started, pk = after
+        if started is None:  # runs without a start come first
+            qs = qs.filter(Q(started_at__isnull=True, pk__lt=pk) | Q(started_at__isnull=False))
+        else:
+            qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, pk__lt=pk))
+    # NULLS FIRST as PostgreSQL sorts DESC by default (the (tenant, -started_at) indexes serve it),
+    # said so that SQLite sorts the same.
+    return qs.order_by(F("started_at").desc(nulls_first=True), "-pk")[:limit]
 
 
 def run_get(*, tenant: Tenant, run_id: str) -> Run | None:

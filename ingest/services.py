@@ -48,6 +48,8 @@ from ingest.models import (
     Tenant,
     ToolCall,
 )
+from ingest.otlp.rounds import START as ROUND_START
+from ingest.otlp.rounds import Numbering, rounds_number
 from ingest.pending import TAKE, TASK_BUDGET_S, enqueue_timeout_s, pending_add, pending_count, pending_take
 from ingest.pricing import Price, PriceBook
 from ingest.schema import MAX_COST_USD, EventError, find_nul, parse_ts, validate_event
@@ -1009,8 +1011,13 @@ def _pass_run(order: list[int], limit: int, skip_locked: bool, cache: _PassCache
     if not runs:
         return _PassOutcome(skipped=skipped)
     cache.load_configs(runs)
-    duplicates = _materialize(runs, events, cache)
-    alerts = _detect(runs, cursors, events, duplicates, cache)
+    # OTLP rounds and calls are numbered by their spans' start times (ingest.otlp.rounds).
+    numbering = rounds_number(
+        {run.pk: events[run.pk] for run in runs},
+        fresh={run.pk for run in runs if not cursors[run.pk].position},
+    )
+    duplicates = _materialize(runs, events, cache, numbering)
+    alerts = _detect(runs, cursors, events, duplicates, cache, numbering)
     return _PassOutcome(runs=runs, events=events, alerts=alerts, skipped=skipped)
 
 
@@ -1160,9 +1167,10 @@ def _detect(
     events: dict[int, _Events],
     found_elsewhere: dict[int, list[Detection]],
     cache: _PassCache,
+    numbering: Numbering,
 ) -> list[tuple[int, dict]]:
     """Feed each run's events to the engine from where it stopped; store what it finds, the runs'
-    figures and the cursors.
+    figures and the cursors, and the renumbered rounds of stored events (`numbering`).
 
     Returns the alerts to publish (interventions) once the transaction has committed, as
     (tenant_id, alert) in the runs' order.
@@ -1254,7 +1262,7 @@ def _detect(
         )
         published = Detection.objects.filter(which).order_by("pk")
     stored: dict[int, list[Detection]] = defaultdict(list)
-    for detection in _progress_save(rows, figures, positions, published):
+    for detection in _progress_save(rows, figures, positions, published, numbering):
         stored[detection.run_id].append(detection)
     if not stored:
         return []
@@ -1332,6 +1340,7 @@ def _progress_save(
     figures: list[dict[str, Any]],
     positions: list[dict[str, Any]],
     published: models.QuerySet[Detection] | None,
+    numbering: Numbering,
 ) -> list[Detection]:
     """Store the detections (a run processed again stores none twice), write the runs' figures (as
     _detect gathered them), move their cursors, then read the `published` detections; on
@@ -1344,6 +1353,7 @@ def _progress_save(
             [
                 insert_statement(Detection, rows, ignore_conflicts=True),
                 (_PROGRESS_SQL, progress),
+                numbering.bodies_statement(),  # with the runs held (Numbering.bodies_statement)
                 published.query.sql_with_params() if published is not None else None,
             ]
         )
@@ -1354,6 +1364,7 @@ def _progress_save(
                 detection.evidence = orjson.loads(detection.evidence)
         return stored
     Detection.objects.bulk_create(rows, ignore_conflicts=True)
+    numbering.bodies_save()
     for position in positions:
         RunCursor.objects.filter(run_id=position["run_id"]).update(
             position=position["position"],
@@ -1442,7 +1453,7 @@ def alerts_publish_all(*, alerts: list[tuple[int, dict]]) -> None:
 
 
 def _materialize(
-    runs: list[Run], events: dict[int, _Events], cache: _PassCache
+    runs: list[Run], events: dict[int, _Events], cache: _PassCache, numbering: Numbering
 ) -> dict[int, list[Detection]]:
     """Model rounds and tool calls of a pass's events, every run's together. Returns the duplicate
     side effects the ledger found, by run pk."""
@@ -1496,8 +1507,9 @@ def _materialize(
                     ModelRound(
                         run_id=run_pk,
                         seq=seq,
-                        round=body["round"],
+                        round=numbering.of(run_pk, seq, body),
                         ts=ts,
+                        started_at=parse_ts(body[ROUND_START]) if ROUND_START in body else None,
                         input_tokens=body.get("input_tokens", 0),
                         output_tokens=body.get("output_tokens", 0),
                         cost_usd=cost,
@@ -1510,7 +1522,7 @@ def _materialize(
                 call = ToolCall(
                     run_id=run_pk,
                     seq=seq,
-                    round=body["round"],
+                    round=numbering.of(run_pk, seq, body),
                     call_id=body["call_id"],
                     tool=body["tool"],
                     kind=body.get("kind", ToolCall.Kind.OTHER),
@@ -1552,9 +1564,11 @@ def _materialize(
                 update_statement(ToolCall, answered, RESULT_FIELDS),
                 (_PENDING_DELETE_SQL, [consumed]) if consumed else None,
                 insert_statement(PendingResult, new_pending),
+                *numbering.rows_statements(),
             ]
         )
     else:
+        numbering.rows_save()
         ModelRound.objects.bulk_create(new_rounds)
         ToolCall.objects.bulk_create(new_calls)
         ToolCall.objects.bulk_update(answered, RESULT_FIELDS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -70,3 +71,16 @@ def ledger_purge() -> int:
     from ingest.ledger import operations_purge
 
     return operations_purge()
+
+
+@shared_task(name="ingest.otlp_parked_sweep", soft_time_limit=60, time_limit=90)
+def otlp_parked_sweep() -> int:
+    """Place the OTLP spans parked for a run that exists now; drop those parked longer than
+    LOOPWATCH_OTLP_PARK_S. Harmless when delivered twice: a span is placed in the transaction that
+    removes it."""
+    from ingest.otlp.service import otlp_parked_sweep as sweep
+
+    placed, dropped = sweep(
+        max_age_s=settings.LOOPWATCH_OTLP_PARK_S, max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES
+    )
+    return placed + dropped

@@ -165,6 +165,7 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-expire-leases": {"task": "ingest.ledger_expire_leases", "schedule": 10.0},
     "ledger-reconcile": {"task": "ingest.ledger_reconcile", "schedule": 15.0},
     "ledger-purge": {"task": "ingest.ledger_purge", "schedule": 3600.0},
+    "otlp-parked-sweep": {"task": "ingest.otlp_parked_sweep", "schedule": 60.0},
     # The overview's hourly rollup: closed hours, and hours whose runs or detections changed since.
     "overview-rollup": {
         "task": "dashboards.overview_rollup",
@@ -253,6 +254,10 @@ def _otlp_run_id(raw: str) -> tuple[str, ...]:
 
 
 LOOPWATCH_OTLP_RUN_ID = _otlp_run_id(env_str("LOOPWATCH_OTLP_RUN_ID", "trace_id"))
+# Seconds a root or agent span waits for its run (its trace's model and tool spans) before it is
+# dropped: exporters retry for a few minutes at most; most such spans are roots of traces without
+# agent semantics, which never get a run.
+LOOPWATCH_OTLP_PARK_S = env_int("LOOPWATCH_OTLP_PARK_S", 3600, minimum=60)
 
 # --- DRF and the OpenAPI schema ---------------------------------------------
 REST_FRAMEWORK = {

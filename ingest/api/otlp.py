@@ -113,7 +113,7 @@ class OtlpTracesIngestApi(APIView):
             response_encode(encoding, result.rejected, result.message()), content_type=CONTENT_TYPES[encoding]
         )
         response[SPANS_HEADER] = (
-            f"spans={result.spans} accepted={result.accepted} duplicate={result.duplicate} "
+            f"spans={result.spans} accepted={result.accepted} duplicate={result.duplicate} waiting={result.waiting} "
             f"ignored={result.ignored} rejected={result.rejected}"
         )
         return response

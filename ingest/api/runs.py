@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
+from datetime import datetime
+from urllib.parse import urlencode
 
+import orjson
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -83,16 +88,59 @@ class RunOutputSerializer(serializers.Serializer):
         return DetectionStateSerializer(cursor).data
 
 
+def runs_cursor_encode(run) -> str:
+    """The cursor of the page after `run`: its start and pk, opaque to clients."""
+    started = run.started_at.isoformat() if run.started_at is not None else None
+    return base64.urlsafe_b64encode(orjson.dumps([started, run.pk])).decode().rstrip("=")
+
+
+def runs_cursor_decode(raw: str) -> tuple[datetime | None, int]:
+    try:
+        started, pk = orjson.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        if (
+            not isinstance(pk, int)
+            or isinstance(pk, bool)
+            or not (started is None or isinstance(started, str))
+        ):
+            raise ValueError
+        return (datetime.fromisoformat(started) if started is not None else None), pk
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise ApiError(
+            400,
+            "invalid_parameter",
+            "cursor: not a cursor of this API (take it from the Link header of the page before)",
+            "cursor",
+        ) from None
+
+
 class RunListApi(APIView):
+    """Runs, the latest started first, a page at a time: when there are more, the answer's
+    `Link: <…&cursor=…>; rel="next"` header is the next page (the same filters and limit). The
+    cursor is a position in that order: a run whose start moves while you page (its OTLP root
+    span arriving late moves it earlier) may be listed twice or not at all."""
+
     permission_classes = [HasReadScope]
 
     @extend_schema(
         operation_id="runs_list",
         parameters=[OpenApiParameter(name, str, required=False) for name in FILTERS]
         + [
-            OpenApiParameter("limit", int, required=False),
+            OpenApiParameter("limit", int, required=False, description=f"runs per page, 1 to {MAX_PAGE}"),
             OpenApiParameter(
                 "detection", str, required=False, enum=["failed"], description="failed: quarantined runs only"
+            ),
+            OpenApiParameter(
+                "cursor",
+                str,
+                required=False,
+                description="the page after the one whose Link header gave this cursor",
+            ),
+            OpenApiParameter(
+                "Link",
+                str,
+                location=OpenApiParameter.HEADER,
+                response=[200],
+                description='`</api/v1/runs?…&cursor=…>; rel="next"` when there are more runs: the next page',
             ),
         ],
         responses=RunOutputSerializer(many=True),
@@ -108,8 +156,19 @@ class RunListApi(APIView):
                     "must not contain U+0000 (NUL)" if "\x00" in value else "must be at most 200 characters"
                 )
                 raise ApiError(400, "invalid_parameter", f"{name}: {reason}", name)
-        runs = run_list(tenant=request.user.tenant, filters=request.query_params.dict(), limit=limit)
-        return Response(RunOutputSerializer(runs.select_related("cursor"), many=True).data)
+        raw = request.query_params.get("cursor")
+        after = runs_cursor_decode(raw) if raw is not None else None
+        runs = list(
+            run_list(
+                tenant=request.user.tenant, filters=request.query_params.dict(), limit=limit + 1, after=after
+            ).select_related("cursor")
+        )
+        response = Response(RunOutputSerializer(runs[:limit], many=True).data)
+        if len(runs) > limit:
+            params = {k: v for k, v in request.query_params.items() if k != "cursor"}
+            params["cursor"] = runs_cursor_encode(runs[limit - 1])
+            response["Link"] = f'<{request.path}?{urlencode(params)}>; rel="next"'
+        return response
 
 
 class RunDetailApi(APIView):

@@ -6,7 +6,10 @@ Three steps, so that the service can look the database up in between:
 2. `spans_plan(spans, sources)`: each span's role (tool, llm, agent or none) and run id, or why
    it is refused.
 3. `events_build(plans, runs=…, tool_kinds=…)`: the events of each run in time order, each
-   tagged with the span it came from, and the spans refused while building them.
+   tagged with the span it came from, the spans refused while building them and the spans that
+   must wait for their run (a root span exported before the trace's model and tool spans).
+
+`span_dump` / `span_load` keep a waiting span as JSON (ingest.models.ParkedSpan).
 
 The table of attributes read is in docs/otlp.md; keep the two together.
 """
@@ -147,14 +150,16 @@ class SpanPlan:
 
 @dataclass(frozen=True, slots=True)
 class KnownRun:
-    """What is stored of a run the export continues."""
+    """What is stored of a run the export continues (read while the run is locked)."""
 
     agent: str
     backend: str
     model: str
-    rounds: int
+    rounds: int  # model rounds stored: the export's new ones are numbered after them
     service: str = ""  # its service.name label: the agent's name until a span names the agent
     from_otlp: bool = True  # started by this bridge (its source label): only such runs are renamed
+    started_us: int | None = None  # its started_at in Unix microseconds
+    stored_rounds: frozenset[str] = frozenset()  # ids of the export's model spans already stored
 
 
 @dataclass(slots=True)
@@ -164,6 +169,8 @@ class Built:
     events: list[dict[str, Any]] = field(default_factory=list)
     span_of: list[int | None] = field(default_factory=list)
     refused: dict[int, SpanRefused] = field(default_factory=dict)
+    waiting: list[int] = field(default_factory=list)  # spans whose run does not exist yet: to park
+    repeated: list[int] = field(default_factory=list)  # a span already earlier in the same export
 
 
 # --- the run id setting -----------------------------------------------------------------------
@@ -298,6 +305,21 @@ def _span_problem(
 
 
 _ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
+
+# The SpanIn fields a waiting span keeps (its `problem` is None: only valid spans wait).
+_DUMPED = (
+    *("path", "trace_id", "span_id", "parent_id", "name", "start_ns", "end_ns", "attrs", "resource"),
+    *("status_code", "status_message", "exceptions", "wire_size"),
+)
+
+
+def span_dump(span: SpanIn) -> dict[str, Any]:
+    """A span as JSON, to wait for its run (ingest.models.ParkedSpan)."""
+    return {name: getattr(span, name) for name in _DUMPED}
+
+
+def span_load(value: dict[str, Any]) -> SpanIn:
+    return SpanIn(**{name: value[name] for name in _DUMPED})
 
 
 # --- 2. planning ---------------------------------------------------------------------------------
@@ -580,33 +602,42 @@ def describe(plans: list[SpanPlan]) -> dict[str, str]:
 
     A run without an agent name in its spans is named after its service (service.name) when it
     starts; a later export naming the agent renames it."""
-    found: dict[str, str] = {}
+    return {name: value for name, (value, _) in _described(plans).items()}
 
-    def put(name: str, value: Any) -> None:
+
+def _described(plans: list[SpanPlan]) -> dict[str, tuple[str, SpanPlan]]:
+    """describe(), with the span each value comes from."""
+    found: dict[str, tuple[str, SpanPlan]] = {}
+
+    def put(name: str, value: Any, plan: SpanPlan) -> None:
         if name not in found and isinstance(value, str) and value.strip():
-            found[name] = value.strip()[: DESCRIPTION_LIMITS.get(name, 200)]
+            found[name] = (value.strip()[: DESCRIPTION_LIMITS.get(name, 200)], plan)
 
     for plan in sorted(plans, key=lambda p: (p.role != AGENT, p.span.start_ns)):
         span, attrs = plan.span, plan.span.attrs
         if "agent" not in found:
             for key in AGENT_NAME:
-                put("agent", attrs.get(key))
+                put("agent", attrs.get(key), plan)
             if plan.role == AGENT and attrs.get("traceloop.span.kind") in ("agent", "workflow"):
-                put("agent", attrs.get("traceloop.entity.name"))
+                put("agent", attrs.get("traceloop.entity.name"), plan)
         if "backend" not in found:
             provider = span.first(PROVIDER)
             if provider is not None and isinstance(provider[1], str):
-                put("backend", provider[1].lower())
+                put("backend", provider[1].lower(), plan)
         if "model" not in found:
             model = span.first(MODEL)
             if model is not None:
-                put("model", model[1])
+                put("model", model[1], plan)
         if "task_type" not in found:
-            put("task_type", attrs.get("loopwatch.task_type") or span.resource.get("loopwatch.task_type"))
+            put(
+                "task_type",
+                attrs.get("loopwatch.task_type") or span.resource.get("loopwatch.task_type"),
+                plan,
+            )
         if "service" not in found:
             service = span.resource.get("service.name")
             if isinstance(service, str) and not service.startswith("unknown_service"):
-                put("service", service)
+                put("service", service, plan)
     return found
 
 
@@ -619,29 +650,44 @@ def events_build(
 ) -> Built:
     """The events of the planned spans, run by run, in time order.
 
-    Per run: a `run_started` when the run is new (or one naming what the stored run lacks: agent,
-    backend, model); one `model_round` per LLM span, numbered after the run's stored rounds in
-    the order the spans started; a `tool_call` (at the span's start) and a `tool_result` (at its
-    end) per tool span, in the round of the last LLM span that started before it; a `run_finished`
-    when the root span of a trace that is its own run ends.
+    Per run: a `run_started` when the run is new (or ones naming what the stored run lacks, and
+    its root span's start and agent); one `model_round` per LLM span not stored yet, numbered after
+    the run's stored rounds in the order the spans started; a `tool_call` (at the span's start)
+    and a `tool_result` (at its end) per tool span, in the round of the last LLM span that started
+    before it; a `run_finished` when the root span of a trace that is its own run ends.
+
+    A run that does not exist and that the export has no model or tool span of cannot be started:
+    its agent and root spans wait (`Built.waiting`) for the export that starts it.
     """
     built = Built()
     by_run: dict[str, list[SpanPlan]] = defaultdict(list)
+    seen: set[tuple[str, str]] = set()
     for plan in plans:
         if plan.problem is not None:
             built.refused[plan.index] = plan.problem
-        else:
-            by_run[plan.run_id].append(plan)
+            continue
+        key = (plan.span.trace_id, plan.span.span_id)
+        if key in seen:  # the same span twice in one request: once is enough
+            built.repeated.append(plan.index)
+            continue
+        seen.add(key)
+        by_run[plan.run_id].append(plan)
     for run_id, members in by_run.items():
         known = runs.get(run_id)
         # A trace without a model or tool call (an HTTP request of the same service, a LangChain
         # chain that never reached a model) is no run; its root span still ends a run that earlier
-        # exports started.
-        if known is None and not any(plan.role in (TOOL, LLM) for plan in members):
-            continue
+        # exports started, or that a later one starts: it waits for it, as agent spans do.
         members = [plan for plan in members if plan.role is not None or _ends_run(plan)]
-        if members:
-            _run_events(run_id, members, known, tool_kinds, max_event_bytes, built)
+        if not members:
+            continue
+        if known is None and not any(plan.role in (TOOL, LLM) for plan in members):
+            built.waiting += [plan.index for plan in members]
+            continue
+        if not _run_events(run_id, members, known, tool_kinds, max_event_bytes, built) and known is None:
+            # Every model and tool span refused: no run to start, the others wait for one.
+            built.waiting += [
+                p.index for p in members if p.role not in (TOOL, LLM) and p.index not in built.refused
+            ]
     return built
 
 
@@ -654,6 +700,11 @@ def _ends_run(plan: SpanPlan) -> bool:
     return plan.run_from_trace and not plan.span.parent_id
 
 
+def _start_key(span: SpanIn) -> tuple[int, int, str]:
+    """What orders model rounds: start, then end (in microseconds, as stored), then the span id."""
+    return span.start_ns // 1000, span.end_ns // 1000, span.span_id
+
+
 def _run_events(
     run_id: str,
     members: list[SpanPlan],
@@ -661,11 +712,12 @@ def _run_events(
     tool_kinds: dict[str, str],
     max_event_bytes: int,
     built: Built,
-) -> None:
+) -> bool:
+    """Build one run's events into `built`; False when every span of the run was refused."""
     keyed: list[tuple[int, int, int, dict[str, Any], int | None]] = []
-    description = describe(members)
-    first_ns = min(plan.span.start_ns for plan in members)
     if known is None:
+        description = describe(members)
+        first_ns = min(plan.span.start_ns for plan in members)
         started = {
             "type": "run_started",
             "run_id": run_id,
@@ -684,39 +736,35 @@ def _run_events(
         }
         keyed.append((first_ns, 0, -1, started, None))
     elif known.from_otlp:
-        # A run_started of our own again, naming only what is missing. Never for a run its runtime
-        # started itself: a second run_started would reset the budgets its own one set.
-        unset = {"agent": ("", known.service), "backend": ("unknown",), "model": ("",)}
-        missing = {
-            name: description[name]
-            for name, values in unset.items()
-            if name in description
-            and getattr(known, name) in values
-            and description[name] != getattr(known, name)
-        }
-        if missing:
-            described = {
-                "type": "run_started",
-                "run_id": run_id,
-                "ts": ts_text(first_ns),
-                "event_id": "otel:run_described:" + "+".join(sorted(missing)),
-                **missing,
-            }
-            keyed.append((first_ns, 0, -1, described, None))
+        # Never for a run its runtime started itself: a second run_started would reset the budgets
+        # its own one set.
+        keyed += _described_events(run_id, members, known)
 
+    # Each model span's event first (a refused span takes no number), then the numbers: after the
+    # run's stored rounds, in the order the spans started. A span stored before keeps its number
+    # (its event is a duplicate). The detection pass renumbers by start time across exports.
     base = known.rounds if known is not None else 0
-    llm_starts: list[tuple[int, int]] = []  # (start_ns, round)
-    responses = [p for p in members if p.role == LLM and _responded(p.span)]
-    for number, plan in enumerate(
-        sorted(responses, key=lambda p: (p.span.start_ns, p.span.end_ns)), start=base + 1
-    ):
-        llm_starts.append((plan.span.start_ns, number))
-        _add(built, keyed, plan, lambda p=plan, n=number: [_model_round(p, run_id, n)], max_event_bytes)
+    stored = known.stored_rounds if known is not None else frozenset()
+    responses = sorted(
+        (p for p in members if p.role == LLM and _responded(p.span)), key=lambda p: _start_key(p.span)
+    )
+    starts: list[tuple[int, int]] = []  # (start in µs, round) of the new rounds, in start order
+    number = base
+    for plan in responses:
+        made = _add(
+            built, keyed, plan, lambda p=plan: [_model_round(p, run_id, max(base, 1))], max_event_bytes
+        )
+        if made is None or plan.span.span_id in stored:
+            continue
+        number += 1
+        made[0]["round"] = number
+        starts.append((plan.span.start_ns // 1000, number))
 
     for plan in members:
         span = plan.span
         if plan.role == TOOL:
-            number = max([r for start, r in llm_starts if start <= span.start_ns], default=max(base, 1))
+            start = span.start_ns // 1000
+            number = max([r for s, r in starts if s <= start], default=max(base, 1))
             _add(
                 built,
                 keyed,
@@ -730,20 +778,61 @@ def _run_events(
     keyed.sort(key=lambda item: item[:3])
     kept = [item for item in keyed if item[4] is None or item[4] not in built.refused]
     if all(item[4] is None for item in kept):
-        return  # every span of the run refused: no run to start either
+        return False  # every span of the run refused: no run to start either
     for _, _, _, event, span_index in kept:
         built.events.append(event)
         built.span_of.append(span_index)
+    return True
+
+
+def _described_events(
+    run_id: str, members: list[SpanPlan], known: KnownRun
+) -> list[tuple[int, int, int, dict[str, Any], int | None]]:
+    """run_started events of a run this bridge started, naming what it lacks (agent, backend
+    `unknown`, model), one per span that names it; and the root span's, when it names another
+    agent or started before the run's first event. Keyed by their span (`otel:<trace>:<span>:
+    described`): sent again, a span names nothing new, or its event is a duplicate."""
+    fields: dict[int, dict[str, str]] = defaultdict(dict)
+    by_index = {plan.index: plan for plan in members}
+    unset = {"agent": ("", known.service), "backend": ("unknown",), "model": ("",)}
+    found = _described(members)
+    for name, values in unset.items():
+        if name in found:
+            value, plan = found[name]
+            current = getattr(known, name)
+            if current in values and value != current:
+                fields[plan.index][name] = value
+    root = next((plan for plan in members if _ends_run(plan)), None)
+    if root is not None:
+        # The root span names the run and says when it started, whatever arrived before it: the
+        # same run, whichever of its spans came first.
+        agent = _described([root]).get("agent")
+        if agent is not None and agent[0] != known.agent:
+            fields[root.index]["agent"] = agent[0]
+        if known.started_us is None or root.span.start_ns // 1000 < known.started_us:
+            fields.setdefault(root.index, {})  # its start alone is worth an event
+    out = []
+    for index, named in fields.items():
+        span = by_index[index].span
+        event = {
+            "type": "run_started",
+            "run_id": run_id,
+            "ts": ts_text(span.start_ns),
+            "event_id": _event_id(span, "described"),
+            **named,
+        }
+        out.append((span.start_ns, 0, -1, event, index))
+    return out
 
 
 # Events of one span at the same instant: the round first, then the call, its result, the run's end.
 _RANK = {"model_round": 1, "tool_call": 2, "tool_result": 3, "run_finished": 4}
 
 
-def _add(built: Built, keyed: list, plan: SpanPlan, make, max_event_bytes: int) -> None:
-    """Build a span's events; a span is refused whole."""
+def _add(built: Built, keyed: list, plan: SpanPlan, make, max_event_bytes: int) -> list[dict] | None:
+    """Build a span's events (returned; None when the span is refused, whole)."""
     if plan.index in built.refused:
-        return
+        return None
     try:
         events = make()
         # Every field was checked as it was read (lengths, ranges, choices), so events_ingest finds
@@ -761,11 +850,12 @@ def _add(built: Built, keyed: list, plan: SpanPlan, make, max_event_bytes: int) 
                 )
     except SpanRefused as exc:
         built.refused[plan.index] = exc
-        return
+        return None
     span = plan.span
     for event in events:
         key = span.start_ns if event["type"] == "tool_call" else span.end_ns
         keyed.append((key, _RANK[event["type"]], plan.index, event, plan.index))
+    return events
 
 
 def _event_id(span: SpanIn, what: str) -> str:
@@ -781,6 +871,9 @@ def _model_round(plan: SpanPlan, run_id: str, number: int) -> dict[str, Any]:
         "ts": ts_text(span.end_ns),
         "event_id": _event_id(span, "round"),
         "round": number,
+        # The start orders the run's rounds (the detection pass numbers them by it): a model call
+        # exported late, or by another exporter, still takes its place.
+        "otel_start": ts_text(span.start_ns),
     }
     for name, keys in (("input_tokens", INPUT_TOKENS), ("output_tokens", OUTPUT_TOKENS)):
         value = _count(span, keys)

@@ -217,7 +217,7 @@ def test_json_of_the_same_request_stores_the_same_events(api, tenant, key, gzipp
     response = api.post(URL, gzip.compress(body) if gzipped else body, key, **extra)
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == "application/json" and response.json() == {}
-    assert response["X-Loopwatch-Spans"] == "spans=7 accepted=7 duplicate=0 ignored=0 rejected=0"
+    assert response["X-Loopwatch-Spans"] == "spans=7 accepted=7 duplicate=0 waiting=0 ignored=0 rejected=0"
     json_events = list(Event.objects.order_by("seq").values_list("type", "event_id", "body"))
     Run.objects.all().delete()
 
@@ -334,7 +334,7 @@ HAND_WRITTEN = {
 def test_a_hand_written_otlp_json_export_follows_the_spec_encoding(api, tenant, key):
     response = api.post(URL, json.dumps(HAND_WRITTEN), key)
     assert response.status_code == 200, response.content
-    assert response["X-Loopwatch-Spans"] == "spans=4 accepted=3 duplicate=0 ignored=1 rejected=0"
+    assert response["X-Loopwatch-Spans"] == "spans=4 accepted=3 duplicate=0 waiting=0 ignored=1 rejected=0"
     run = Run.objects.get(tenant=tenant, run_id="5b8efff798038103d269b633813fc60c")
     assert (run.agent, run.backend, run.model, run.task_type) == (
         "forecaster",

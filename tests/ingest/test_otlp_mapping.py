@@ -269,8 +269,11 @@ def test_a_conversation_id_on_one_span_names_the_run_of_the_whole_trace():
 def test_a_trace_without_agent_semantics_makes_no_run_but_ends_a_known_one():
     http_root = span({"http.request.method": "POST"}, parent_id="")
     plans = spans_plan([http_root], run_id_sources("trace_id"))
-    assert events_build(plans, runs={}, tool_kinds={}, max_event_bytes=10**6).events == []
-    known = {"ab" * 16: KnownRun("a", "openai", "m", rounds=2)}
+    built = events_build(plans, runs={}, tool_kinds={}, max_event_bytes=10**6)
+    # No run yet: the root span waits for the export that starts it (it may end an agent's run).
+    assert built.events == [] and built.waiting == [0]
+    started = 1_795_949_000 * 10**6  # before the root span started: no run_started for it
+    known = {"ab" * 16: KnownRun("a", "openai", "m", rounds=2, started_us=started)}
     failed = span({}, parent_id="", status_code=2, status_message="agent crashed")
     built = events_build(
         spans_plan([failed], run_id_sources("trace_id")), runs=known, tool_kinds={}, max_event_bytes=10**6
@@ -401,3 +404,104 @@ def test_any_attribute_values_give_valid_events_or_a_named_refusal(spans, source
         assert find_nul(event) is None
     for refusal in built.refused.values():
         assert refusal.field and refusal.reason
+
+
+def _plans(*items: SpanIn) -> list[SpanPlan]:
+    return spans_plan(list(items), run_id_sources("trace_id"))
+
+
+CHAT = {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 10}
+
+
+def test_a_refused_model_span_takes_no_round_number():
+    plans = _plans(
+        span(CHAT, span_id="01" * 8, start_ns=1_795_950_000 * 10**9),
+        span(
+            {**CHAT, "gen_ai.usage.input_tokens": -1}, span_id="02" * 8, start_ns=1_795_950_000 * 10**9 + 1000
+        ),
+        span(CHAT, span_id="03" * 8, start_ns=1_795_950_000 * 10**9 + 2000),
+    )
+    built = events_build(plans, runs={}, tool_kinds={}, max_event_bytes=10**6)
+    assert list(built.refused) == [1]
+    rounds = [(e["round"], e["otel_span_id"]) for e in built.events if e["type"] == "model_round"]
+    assert rounds == [(1, "01" * 8), (2, "03" * 8)]  # no gap: `rounds` counts what is stored
+
+
+def test_model_spans_stored_before_take_no_new_number_and_a_span_twice_is_once():
+    first, second = (
+        span(CHAT, span_id="01" * 8),
+        span(CHAT, span_id="02" * 8, start_ns=1_795_950_000 * 10**9 + 5),
+    )
+    known = {
+        "ab" * 16: KnownRun("a", "openai", "m", rounds=3, started_us=0, stored_rounds=frozenset({"01" * 8}))
+    }
+    built = events_build(_plans(first, second, second), runs=known, tool_kinds={}, max_event_bytes=10**6)
+    assert built.repeated == [2]
+    by_span = {e["otel_span_id"]: e["round"] for e in built.events if e["type"] == "model_round"}
+    assert by_span["02" * 8] == 4  # after the 3 stored rounds, one of which is the first span
+
+
+def test_the_run_is_described_once_per_span_and_its_root_names_it():
+    root = span(
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "shop"},
+        span_id="0a" * 8,
+        parent_id="",
+        start_ns=1_795_949_999 * 10**9,
+    )
+    chat = span(
+        {**CHAT, "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o"}, span_id="0b" * 8
+    )
+    # Started from a tool span's export: named after its service, backend and model unknown.
+    known = {
+        "ab" * 16: KnownRun("svc", "unknown", "", rounds=0, service="svc", started_us=1_795_950_000 * 10**6)
+    }
+    built = events_build(_plans(chat, root), runs=known, tool_kinds={}, max_event_bytes=10**6)
+    described = {e["event_id"]: e for e in built.events if e["type"] == "run_started"}
+    assert described == {
+        f"otel:{'ab' * 16}:{'0a' * 8}:described": {
+            "type": "run_started",
+            "run_id": "ab" * 16,
+            "ts": ts_text(1_795_949_999 * 10**9),
+            "event_id": f"otel:{'ab' * 16}:{'0a' * 8}:described",
+            "agent": "shop",
+        },
+        f"otel:{'ab' * 16}:{'0b' * 8}:described": {
+            "type": "run_started",
+            "run_id": "ab" * 16,
+            "ts": ts_text(1_795_950_000 * 10**9),
+            "event_id": f"otel:{'ab' * 16}:{'0b' * 8}:described",
+            "backend": "openai",
+            "model": "gpt-4o",
+        },
+    }
+    # Once the run says what the root span does, the root span sent again describes nothing.
+    known = {"ab" * 16: KnownRun("shop", "openai", "gpt-4o", rounds=1, started_us=1_795_949_999 * 10**6)}
+    built = events_build(_plans(root), runs=known, tool_kinds={}, max_event_bytes=10**6)
+    assert [e["type"] for e in built.events] == ["run_finished"]
+
+
+def test_a_root_span_names_the_run_over_a_sub_agent_whatever_came_first():
+    sub = span({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}, span_id="0c" * 8)
+    root = span(
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "shop"}, span_id="0a" * 8, parent_id=""
+    )
+    known = {"ab" * 16: KnownRun("helper", "openai", "m", rounds=1, started_us=1_795_950_000 * 10**6)}
+    built = events_build(_plans(root), runs=known, tool_kinds={}, max_event_bytes=10**6)
+    assert [e.get("agent") for e in built.events if e["type"] == "run_started"] == ["shop"]
+    known = {"ab" * 16: KnownRun("shop", "openai", "m", rounds=1, started_us=1_795_950_000 * 10**6)}
+    built = events_build(_plans(sub), runs=known, tool_kinds={}, max_event_bytes=10**6)
+    assert built.events == []  # a sub-agent renames only a run without a name
+
+
+def test_a_waiting_span_is_kept_whole_as_json():
+    import orjson
+
+    item = span(
+        {"gen_ai.agent.name": "shop", "n": 3, "list": [1, "a"], "kv": {"k": True}},
+        resource={"service.name": "svc"},
+        exceptions=[{"exception.type": "E"}],
+        status_code=2,
+        status_message="boom",
+        wire_size=120,
+    )
+    assert mapping.span_load(orjson.loads(orjson.dumps(mapping.span_dump(item)))) == item
