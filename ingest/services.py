@@ -340,6 +340,34 @@ def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run | _RunRow]:
         return {row[1]: _RunRow(row) for row in cursor.fetchall()}
 
 
+def runs_hold(*, tenant: Tenant, run_ids: list[str]) -> list[int]:
+    """Hold these runs of the tenant for the caller's transaction, as a batch's ingest holds them:
+    the runs not stored yet are created (empty) and every one is locked by its row. A run that does
+    not exist yet is held too (its row, inserted, is locked until the commit); another transaction
+    holding the same runs, an export or a REST batch, waits, and none can deadlock (insert in run_id
+    order, lock in pk order). Row locks take no slot of PostgreSQL's shared lock table, whatever the
+    number of runs. Returns the pks of the runs it created: the caller drops those it left empty
+    (runs_drop_empty). On SQLite the transaction itself is the lock (IMMEDIATE): nothing to do."""
+    if connection.vendor != "postgresql" or not run_ids:
+        return []
+    ordered = sorted(set(run_ids))
+    sql, params = _insert_missing_sql(Run, Run(tenant=tenant), "run_id", ordered)
+    with connection.cursor() as cursor:
+        cursor.execute(sql + f" RETURNING {connection.ops.quote_name(Run._meta.pk.column)}", params)
+        created = [row[0] for row in cursor.fetchall()]
+        cursor.execute(_run_statements()[0], [tenant.pk, ordered])
+    return created
+
+
+def runs_drop_empty(*, run_pks: list[int]) -> None:
+    """Delete the runs among these that hold no event (created by runs_hold and left empty)."""
+    if run_pks:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {Run._meta.db_table} WHERE id = ANY(%s) AND events_count = 0", [run_pks]
+            )
+
+
 def _insert_missing_sql(model: type[models.Model], template: models.Model, key: str, values: list) -> tuple:
     """INSERT ... ON CONFLICT DO NOTHING of one row per value of `key`, the other columns as in
     template, as one statement over unnest() (PostgreSQL): (sql, params)."""

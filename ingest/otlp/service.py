@@ -7,7 +7,6 @@ trace (a collector's parallel exporters) take turns, so that each finds what the
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -35,7 +34,7 @@ from ingest.otlp.mapping import (
     spans_read,
 )
 from ingest.otlp.wire import OtlpError
-from ingest.services import EventTooLarge, events_ingest
+from ingest.services import EventTooLarge, events_ingest, runs_drop_empty, runs_hold
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +135,8 @@ def _plans_store(
     `run_ids`), in one transaction. Returns what was built, the verdicts per span index and how
     many waiting spans were placed. ledger_scope: as events_ingest takes it."""
     with transaction.atomic():
+        held = sorted({plan.run_id for plan in plans if plan.problem is None} | set(run_ids))
+        created = runs_hold(tenant=tenant, run_ids=held)
         state = _runs_read(tenant, plans, run_ids)
         waited = [
             SpanPlan(
@@ -160,6 +161,7 @@ def _plans_store(
                     "otlp span %s of run %r refused after waiting: %s", span.span_id, run_id, problem
                 )
         _parked_write(tenant, [plans[i] for i in built.waiting if i < len(plans)], placed)
+        runs_drop_empty(run_pks=created)  # held for spans that wait, or were refused: no run yet
     return built, statuses, len(placed)
 
 
@@ -171,15 +173,11 @@ class _RunsState:
 
 
 def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: set[str]) -> _RunsState:
-    """Hold the plans' runs for the transaction and read what is stored of them: the runs (their
-    description and rounds so far), which of the export's model spans are stored already, the
-    spans waiting for them, the tool registry's kinds. On PostgreSQL in one round trip.
-
-    The runs are held with a transaction-level advisory lock per (tenant, run id), taken in one
-    order: a run that does not exist yet cannot be row-locked, and two exports of its trace must
-    still take turns (or both would start it, number the same rounds, or miss each other's
-    waiting root span).
-    """
+    """Read what is stored of the plans' runs, which the caller holds (runs_hold: two exports of a
+    trace take turns, or both would start its run, number the same rounds, or miss each other's
+    waiting root span): the runs (their description and rounds so far), which of the export's model
+    spans are stored already, the spans waiting for them, the tool registry's kinds. On PostgreSQL
+    in one round trip."""
     run_ids = sorted({plan.run_id for plan in plans if plan.problem is None} | set(extra))
     rounds = sorted(
         {
@@ -192,9 +190,8 @@ def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: set[str]) -> _RunsS
     if not run_ids:
         return _RunsState({}, [], {})
     if connection.vendor == "postgresql":
-        _, runs, stored, parked, kinds = statements_run(
+        runs, stored, parked, kinds = statements_run(
             [
-                (_LOCK_SQL, [_lock_keys(tenant.pk, run_ids)]),
                 (_RUNS_SQL, [tenant.pk, run_ids]),
                 (_STORED_ROUNDS_SQL, [[r for r, _ in rounds], [e for _, e in rounds], tenant.pk])
                 if rounds
@@ -250,7 +247,6 @@ def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: set[str]) -> _RunsS
 
 
 _RUN_COLUMNS = ("run_id", "agent", "backend", "model", "rounds", "labels", "started_at", "events_count")
-_LOCK_SQL = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS u(k)"
 _RUNS_SQL = (
     f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE tenant_id = %s AND run_id = ANY(%s)"
 )
@@ -274,18 +270,6 @@ def _unix_us(value: datetime | None) -> int | None:
     if value is None:
         return None
     return (value - _EPOCH) // timedelta(microseconds=1)
-
-
-def _lock_keys(tenant_pk: int, run_ids: list[str]) -> list[int]:
-    """One 64-bit advisory lock key per (tenant, run id), sorted: every export takes its locks in
-    the same order, so two cannot deadlock. A collision only makes two runs take turns."""
-    keys = set()
-    for run_id in run_ids:
-        digest = hashlib.blake2b(
-            f"{tenant_pk}:{run_id}".encode(), digest_size=8, person=b"lw-otlp-run"
-        ).digest()
-        keys.add(int.from_bytes(digest, "big", signed=True))
-    return sorted(keys)
 
 
 def _parked_write(tenant: Tenant, waiting: list[SpanPlan], placed: list[int]) -> None:

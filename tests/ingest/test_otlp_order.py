@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
+from django.db import connection
 
 from ingest.models import Event, ModelRound, Run, ToolCall
 from tests.ingest.otlp_spans import Agent, genai_agent, genai_chat, genai_tool, recorded, request_bytes
@@ -399,3 +400,39 @@ def test_a_span_parked_twice_is_parked_once(api, tenant, key):
         response = api.post(URL, request_bytes(root), key, content_type=PROTOBUF)
         assert " waiting=1 " in response["X-Loopwatch-Spans"]
     assert ParkedSpan.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_an_export_of_many_traces_holds_its_runs_without_filling_the_lock_table(
+    api, tenant, key, needs_postgres
+):
+    """PostgreSQL's lock table is shared by every session and sized for ~64 locks a transaction:
+    one lock per run of an export (a collector's batch of 2,000 agents' traces) would make this
+    export, and everyone else's statements, fail with "out of shared memory". Runs are held by
+    their rows, as a REST batch holds them, which uses no slot of that table."""
+    agent, memory = recorded()
+    for n in range(2000):
+        with agent.span(f"invoke_agent a{n}", genai_agent(f"a{n}")):
+            agent.leaf("chat gpt-4o", genai_chat(100, 10))
+    spans = list(memory.get_finished_spans())
+    assert len({span.context.trace_id for span in spans}) == 2000
+    response = api.post(URL, request_bytes(spans), key, content_type=PROTOBUF)
+    assert response.status_code == 200
+    assert Run.objects.filter(tenant=tenant, events_count__gt=0).count() == 2000
+    # The test's transaction is still open: locks the export took for its transaction are still held.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT locktype, count(*) FROM pg_locks WHERE pid = pg_backend_pid() GROUP BY 1")
+        held = dict(cursor.fetchall())
+    assert held.get("advisory", 0) == 0 and sum(held.values()) < 200, held
+
+
+@pytest.mark.django_db
+def test_a_trace_whose_spans_all_wait_leaves_no_empty_run(api, tenant, key):
+    """The root of a trace with no agent spans waits for a run that may never come: holding its run
+    id for the export must not leave an empty run behind."""
+    agent, memory = recorded()
+    with agent.span("GET /health", {"http.method": "GET"}):
+        pass
+    response = api.post(URL, request_bytes(list(memory.get_finished_spans())), key, content_type=PROTOBUF)
+    assert response.status_code == 200
+    assert not Run.objects.filter(tenant=tenant).exists()
