@@ -484,10 +484,13 @@ class ToolConfig(models.Model):
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
 
-        for name in ("core_args", "noise_args", "cursor_args"):
-            value = getattr(self, name)
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise ValidationError({name: "must be a list of argument names"})
+        from ingest.selectors import tool_row_spec
+
+        try:
+            tool_row_spec(self)
+        except ValueError as exc:  # `core_args: must be a list of argument names`
+            name, _, reason = str(exc).partition(": ")
+            raise ValidationError({name: reason}) from None
 
 
 class Operation(models.Model):

@@ -23,8 +23,9 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
+from ingest.detection.config import TOOL_KINDS
+
 EVENT_TYPES = ("run_started", "user_message", "model_round", "tool_call", "tool_result", "run_finished")
-TOOL_KINDS = ("read", "write", "poll", "other")
 RESULT_STATUSES = ("ok", "error", "timeout")
 ERROR_CLASSES = (
     "transient",

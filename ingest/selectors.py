@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, F, Q, QuerySet
 
@@ -85,31 +86,95 @@ def configs_for(*, scopes: set[Scope]) -> dict[Scope, Config]:
     verdicts = verdict_rows(tenant_ids=tenants)
     configs = {}
     for tenant_id, backend, model, task_type in scopes:
-        thresholds = Thresholds()
-        explicit: set[str] = set()
-        for row in rows:
-            if row.tenant_id not in (None, tenant_id):
-                continue
-            if not threshold_applies(row, backend=backend, model=model, task_type=task_type):
-                continue
-            try:
-                thresholds = thresholds.merged(row.values)
-            except (TypeError, ValueError, AttributeError) as exc:  # values not an object, say
-                logger.warning("thresholds %s ignored: %s", row, exc)
-            else:
-                explicit.update(row.values)
-        thresholds, _ = modes_measured(
+        resolved = thresholds_resolve(
+            [row for row in rows if row.tenant_id in (None, tenant_id)],
+            backend=backend,
+            model=model,
+            task_type=task_type,
+            verdicts=verdicts.get(tenant_id, []),
+        )
+        for row, problem in resolved.skipped:
+            logger.warning("thresholds %s ignored: %s", row, problem)
+        configs[(tenant_id, backend, model, task_type)] = Config(
+            thresholds=resolved.thresholds, tools=specs[tenant_id]
+        )
+    return configs
+
+
+# --- resolution: pure, over rows already read -----------------------------------------------------
+
+DEFAULTS = Thresholds()
+THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
+
+
+def scope_label(
+    row: ThresholdSet | None = None, *, backend: str = "", model: str = "", task_type: str = ""
+) -> str:
+    if row is not None:
+        backend, model, task_type = row.backend, row.model, row.task_type
+    if task_type:
+        return f"task type {task_type}"
+    if backend:
+        return f"{backend}/{model}" if model else f"backend {backend}"
+    return "global"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    thresholds: Thresholds
+    sources: dict[str, str]  # threshold name -> where its value comes from ("default" or a row)
+    skipped: tuple[tuple[ThresholdSet, str], ...] = ()  # applying rows whose values are invalid, why
+
+
+def thresholds_resolve(
+    rows: Iterable[ThresholdSet],
+    *,
+    backend: str,
+    model: str,
+    task_type: str,
+    overrides: Mapping[int | None, dict[str, Any] | None] | None = None,
+    verdicts: list[VerdictRow] | None = None,
+) -> Resolved:
+    """The one resolution of thresholds, for the pipeline (configs_for), the guard, the threshold
+    page and its preview: defaults < shared rows < the tenant's, each by scope (global < task type <
+    backend < backend + model); with `verdicts` (the tenant's, verdict_rows), a kind operators
+    judged wrong too often goes to shadow unless an applying row set its mode (modes_measured).
+
+    `rows` are the shared ones and one tenant's. `overrides` replaces rows' values by pk (None: the
+    row is left out), for a preview. Rows whose values are invalid are skipped (and listed).
+    """
+    overrides = overrides or {}
+    thresholds = DEFAULTS
+    sources = dict.fromkeys(THRESHOLD_NAMES, "default")
+    skipped: list[tuple[ThresholdSet, str]] = []
+    applying = (r for r in rows if threshold_applies(r, backend=backend, model=model, task_type=task_type))
+    for row in sorted(applying, key=threshold_weight):
+        values = overrides[row.pk] if row.pk in overrides else row.values
+        if values is None:
+            continue
+        try:
+            thresholds = thresholds.merged(values)
+        except (TypeError, ValueError, AttributeError) as exc:  # values not an object, say
+            skipped.append((row, str(exc)))
+            continue
+        origin = ("" if row.tenant_id else "shared ") + scope_label(row)
+        for name in values:
+            sources[name] = origin
+    if verdicts is not None:
+        explicit = {name for name, source in sources.items() if source != "default"}
+        thresholds, demoted = modes_measured(
             thresholds,
             explicit=explicit,
-            verdicts=verdicts.get(tenant_id, []),
+            verdicts=verdicts,
             backend=backend,
             model=model,
             task_type=task_type,
         )
-        configs[(tenant_id, backend, model, task_type)] = Config(
-            thresholds=thresholds, tools=specs[tenant_id]
-        )
-    return configs
+        for name, found in demoted.items():
+            sources[name] = (
+                f"measured: precision {found.precision:.2f} over {found.total} verdicts ({found.scope})"
+            )
+    return Resolved(thresholds, sources, tuple(skipped))
 
 
 # --- operators' verdicts: the measured precision of each kind ------------------------------------
@@ -239,15 +304,35 @@ def threshold_weight(row: ThresholdSet) -> tuple[bool, int]:
     return (row.tenant_id is not None, scope)
 
 
-def tool_specs(rows) -> dict[str, ToolSpec]:
-    """The engine's tool specs by name: a tenant's row replaces the shared one of that name."""
-    return {
-        row.name: ToolSpec(
-            kind=row.kind,
-            core_args=tuple(row.core_args),
-            noise_args=tuple(row.noise_args),
-            cursor_args=tuple(row.cursor_args),
-            casefold=row.casefold,
-        )
-        for row in sorted(rows, key=lambda r: r.tenant_id is not None)
-    }
+def tool_row_spec(row: ToolConfig) -> ToolSpec:
+    """A tool row as the engine's ToolSpec, validated as every tool description is
+    (ToolSpec.from_dict); a ValueError `field: reason` when the row is wrong."""
+    return ToolSpec.from_dict(
+        {
+            "kind": row.kind,
+            "core_args": row.core_args,
+            "noise_args": row.noise_args,
+            "cursor_args": row.cursor_args,
+            "casefold": row.casefold,
+        }
+    )
+
+
+def tool_specs(
+    rows: Iterable[ToolConfig], *, replace: Mapping[str, ToolSpec | None] | None = None
+) -> dict[str, ToolSpec]:
+    """The engine's tool specs by name: a tenant's row replaces the shared one of that name (a row
+    that is not valid is left out, as an invalid threshold row is); with `replace`, some replaced
+    (None: removed), for the threshold page's preview."""
+    specs: dict[str, ToolSpec] = {}
+    for row in sorted(rows, key=lambda r: r.tenant_id is not None):
+        try:
+            specs[row.name] = tool_row_spec(row)
+        except ValueError as exc:
+            logger.warning("tool %s ignored: %s", row, exc)
+    for name, spec in (replace or {}).items():
+        if spec is None:
+            specs.pop(name, None)
+        else:
+            specs[name] = spec
+    return specs

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from dashboards.thresholds.preview import PREVIEW_MAX_RUNS, PREVIEW_RUNS
 from dashboards.thresholds.selectors import DEFAULTS, THRESHOLD_NAMES
 from ingest.detection import ToolSpec
-from ingest.detection.config import MODE_PREFIX, MODES
+from ingest.detection.config import MODE_PREFIX, MODES, TOOL_FIELDS
 from ingest.models import ThresholdSet, ToolConfig
 
 # What differs per model backend (some repeat verbatim after an error, some batch calls in parallel)…
@@ -220,9 +220,7 @@ class ToolConfigForm(_SettingsForm):
         if self.errors:
             return data
         try:
-            ToolSpec.from_dict(
-                {k: data[k] for k in ("kind", "core_args", "noise_args", "cursor_args", "casefold")}
-            )
+            self.spec()
         except ValueError as exc:
             self.add_error(None, str(exc))
         if self.row is None and ToolConfig.objects.filter(tenant=self.tenant, name=data["name"]).exists():
@@ -231,14 +229,8 @@ class ToolConfigForm(_SettingsForm):
         return data
 
     def spec(self) -> ToolSpec:
-        d = self.cleaned_data
-        return ToolSpec(
-            kind=d["kind"],
-            core_args=tuple(d["core_args"]),
-            noise_args=tuple(d["noise_args"]),
-            cursor_args=tuple(d["cursor_args"]),
-            casefold=d["casefold"],
-        )
+        """The tool as the engine will see it, validated as every tool description is."""
+        return ToolSpec.from_dict({k: self.cleaned_data[k] for k in TOOL_FIELDS})
 
 
 def named_errors(form: forms.Form) -> list[str]:

@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from django.db.models import F, Q, QuerySet
 
 from dashboards.models import ConfigChange, Membership
-from ingest.detection import KINDS, Config, Thresholds, ToolSpec
+from ingest.detection import KINDS, Config, ToolSpec
 from ingest.detection.config import MODE_PREFIX
 from ingest.models import Reconciler, Tenant, ThresholdSet, ToolConfig
 from ingest.selectors import (
+    DEFAULTS,
     MIN_VERDICTS,
+    THRESHOLD_NAMES,
+    Resolved,
     VerdictRow,
     Verdicts,
     kind_verdicts,
-    modes_measured,
-    threshold_applies,
-    threshold_weight,
+    scope_label,
+    thresholds_resolve,
+    tool_specs,
     verdict_rows,
 )
-from ingest.selectors import tool_specs as shared_tool_specs
 
-THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
-DEFAULTS = Thresholds()
+# The resolution itself is ingest.selectors.thresholds_resolve: the page shows what the pipeline uses.
+__all__ = ["DEFAULTS", "THRESHOLD_NAMES", "Resolved", "scope_label", "thresholds_resolve", "tool_specs"]
 
 
 def tenant_for_user(*, user, slug: str) -> tuple[Tenant, str] | None:
@@ -46,90 +47,12 @@ def threshold_rows(*, tenant: Tenant) -> list[ThresholdSet]:
     )
 
 
-def scope_label(
-    row: ThresholdSet | None = None, *, backend: str = "", model: str = "", task_type: str = ""
-) -> str:
-    if row is not None:
-        backend, model, task_type = row.backend, row.model, row.task_type
-    if task_type:
-        return f"task type {task_type}"
-    if backend:
-        return f"{backend}/{model}" if model else f"backend {backend}"
-    return "global"
-
-
-@dataclass(frozen=True)
-class Resolved:
-    thresholds: Thresholds
-    sources: dict[str, str]  # threshold name -> where its value comes from ("default" or a row)
-
-
-def thresholds_resolve(
-    rows: list[ThresholdSet],
-    *,
-    backend: str,
-    model: str,
-    task_type: str,
-    overrides: dict[int | None, Any] | None = None,
-    verdicts: list[VerdictRow] | None = None,
-) -> Resolved:
-    """Resolve in memory as config_for does: defaults < shared rows < the tenant's, by scope; with
-    `verdicts` (the tenant's, verdict_rows), a kind operators judged wrong too often in shadow.
-
-    `overrides` replaces rows' values by pk (None: the row is left out). Rows whose values are
-    invalid are skipped, as the pipeline skips them.
-    """
-    overrides = overrides or {}
-    thresholds = DEFAULTS
-    sources = dict.fromkeys(THRESHOLD_NAMES, "default")
-    applying = (r for r in rows if threshold_applies(r, backend=backend, model=model, task_type=task_type))
-    for row in sorted(applying, key=threshold_weight):
-        values = overrides[row.pk] if row.pk in overrides else row.values
-        if values is None:
-            continue
-        try:
-            thresholds = thresholds.merged(values)
-        except (TypeError, ValueError, AttributeError):
-            continue
-        origin = ("" if row.tenant_id else "shared ") + scope_label(row)
-        for name in values:
-            sources[name] = origin
-    if verdicts is not None:
-        explicit = {name for name, source in sources.items() if source != "default"}
-        thresholds, demoted = modes_measured(
-            thresholds,
-            explicit=explicit,
-            verdicts=verdicts,
-            backend=backend,
-            model=model,
-            task_type=task_type,
-        )
-        for name, found in demoted.items():
-            sources[name] = (
-                f"measured: precision {found.precision:.2f} over {found.total} verdicts ({found.scope})"
-            )
-    return Resolved(thresholds, sources)
-
-
 def tool_rows(*, tenant: Tenant) -> list[ToolConfig]:
     return list(
         ToolConfig.objects.filter(Q(tenant__isnull=True) | Q(tenant=tenant)).order_by(
             "name", F("tenant_id").asc(nulls_first=True)
         )
     )
-
-
-def tool_specs(
-    rows: list[ToolConfig], *, replace: dict[str, ToolSpec | None] | None = None
-) -> dict[str, ToolSpec]:
-    """Tool specs as config_for builds them, with some replaced (None: removed) for a preview."""
-    specs = shared_tool_specs(rows)
-    for name, spec in (replace or {}).items():
-        if spec is None:
-            specs.pop(name, None)
-        else:
-            specs[name] = spec
-    return specs
 
 
 def config_resolve(

@@ -23,6 +23,10 @@ RETRYABLE = ("transient", "rate_limited")
 # never acted on), `correct-only` gives hints but never hands off or terminates, `full` escalates.
 MODES = ("shadow", "correct-only", "full")
 MODE_PREFIX = "mode_"
+# A tool's description (ToolSpec.from_dict): the kinds a tool_call may say, the argument lists.
+TOOL_KINDS = ("read", "write", "poll", "other")
+TOOL_LISTS = ("core_args", "noise_args", "cursor_args")
+TOOL_FIELDS = ("kind", *TOOL_LISTS, "casefold")
 
 
 @dataclass(frozen=True)
@@ -175,22 +179,31 @@ class ToolSpec:
     casefold: bool = False  # compare string arguments without case
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ToolSpec:
-        """From JSON; a wrong type is a ValueError naming the field."""
-        if data.get("kind", "") not in ("", "read", "write", "poll", "other"):
-            raise ValueError("kind: must be read, write, poll or other")
-        for name in ("core_args", "noise_args", "cursor_args"):
-            value = data.get(name, [])
-            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"{name}: must be a list of argument names")
-        if not isinstance(data.get("casefold", False), bool):
-            raise ValueError("casefold: must be true or false")
+    def from_dict(cls, data: object) -> ToolSpec:
+        """From JSON: a tool row, a replay's tools file or the tool form all come through here.
+
+        A problem is a ValueError `field: reason` naming the first wrong field: not an object, an
+        unknown field, a kind not in TOOL_KINDS, a list that is not of non-empty argument names.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(": must be an object")
+        for key, value in data.items():
+            if key not in TOOL_FIELDS:
+                raise ValueError(f"{key}: not a tool field (known: {', '.join(TOOL_FIELDS)})")
+            if key == "kind" and value not in ("", *TOOL_KINDS):
+                raise ValueError(f"kind: must be one of {', '.join(TOOL_KINDS)}")
+            if key in TOOL_LISTS and (
+                not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value)
+            ):
+                raise ValueError(f"{key}: must be a list of argument names")
+            if key == "casefold" and not isinstance(value, bool):
+                raise ValueError("casefold: must be true or false")
         return cls(
-            kind=str(data.get("kind", "")),
+            kind=data.get("kind", ""),
             core_args=tuple(data.get("core_args", ())),
             noise_args=tuple(data.get("noise_args", ())),
             cursor_args=tuple(data.get("cursor_args", ())),
-            casefold=bool(data.get("casefold", False)),
+            casefold=data.get("casefold", False),
         )
 
 
