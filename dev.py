@@ -2,7 +2,7 @@
 """The two Quickstart commands, with nothing but python3 on the machine.
 
     python3 dev.py up      install, migrate, create the demo user and key, serve on :8000 with demo traffic
-    python3 dev.py test    install, then run the whole test suite (and ruff)
+    python3 dev.py test    install, run the checks (ruff, mypy, manage.py check, makemigrations --check), then the test suite
 
 Both create .venv/ on first use and reinstall only when pyproject.toml changes.
 """
@@ -107,12 +107,19 @@ DEPLOY_ENV = {
 }
 
 
-def test(argv: list[str]) -> int:
-    install()
+def checks() -> None:
+    """What .pre-commit-config.yaml runs before a commit; a failing one stops `dev.py test`."""
     sh(BIN / "ruff", "check", ".")
     sh(BIN / "ruff", "format", "--check", ".")
+    sh(BIN / "mypy")  # files and settings in pyproject.toml; its cache in .mypy_cache/
     tests_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}  # as pytest runs them
+    sh(PY, "manage.py", "check", "--fail-level", "WARNING", env=tests_env)
     sh(PY, "manage.py", "makemigrations", "--check", "--dry-run", "-v", "0", env=tests_env)
+
+
+def test(argv: list[str]) -> int:
+    install()
+    checks()
     deploy_env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     deploy_env |= {"DJANGO_SETTINGS_MODULE": "loopwatch.settings", **DEPLOY_ENV}
     sh(PY, "manage.py", "check", "--deploy", "--fail-level", "WARNING", env=deploy_env)

@@ -12,6 +12,26 @@ import psycopg
 from django.db import connection, models
 
 
+def concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    """One of the model's fields that has a column (a relation's reverse side or a generic key has
+    none: naming one in a hand-written statement is a programming error)."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, models.Field) or not field.column:
+        raise LookupError(f"{model.__name__}.{name}: not a field with a column")
+    return field
+
+
+def db_column(field: models.Field[Any, Any]) -> str:
+    """The column of a concrete field (the stubs allow None, for fields that have no column)."""
+    if not field.column:
+        raise LookupError(f"{field}: not a field with a column")
+    return field.column
+
+
+def pk_column(model: type[models.Model]) -> str:
+    return db_column(model._meta.pk)
+
+
 def rows_update(model: type[models.Model], rows: Sequence[models.Model], names: Sequence[str]) -> None:
     """Write these fields of these rows (by pk) with one statement.
 
@@ -23,7 +43,7 @@ def rows_update(model: type[models.Model], rows: Sequence[models.Model], names: 
     if not rows:
         return
     if connection.vendor != "postgresql":
-        model.objects.bulk_update(rows, list(names))
+        model._default_manager.bulk_update(rows, list(names))
         return
     statements_run([update_statement(model, rows, names)])
 
@@ -34,7 +54,7 @@ def update_statement(
     """rows_update's statement on PostgreSQL (for statements_run); None when there are no rows."""
     if not rows:
         return None
-    fields = [model._meta.pk, *(model._meta.get_field(name) for name in names)]
+    fields = [model._meta.pk, *(concrete_field(model, name) for name in names)]
     return _update_sql(model, tuple(names)), [_values(rows, fields, add=False)]
 
 
@@ -50,7 +70,7 @@ def insert_statement(
     return _insert_sql(model, ignore_conflicts), [_values(rows, _insert_fields(model), add=True)]
 
 
-Statement = tuple[str, list] | None  # (sql, params); None: nothing to run
+Statement = tuple[str, Sequence[Any]] | None  # (sql, params); None: nothing to run
 
 
 def statements_run(statements: Sequence[Statement]) -> list[list[tuple] | None]:
@@ -123,7 +143,7 @@ def _insert_fields(model: type[models.Model]) -> tuple[models.Field, ...]:
 def _insert_sql(model: type[models.Model], ignore_conflicts: bool) -> str:
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
-    columns = ", ".join(quote(f.column) for f in _insert_fields(model))
+    columns = ", ".join(quote(db_column(f)) for f in _insert_fields(model))
     sql = f"INSERT INTO {table} ({columns}) SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb)"
     return sql + " ON CONFLICT DO NOTHING" if ignore_conflicts else sql
 
@@ -131,9 +151,9 @@ def _insert_sql(model: type[models.Model], ignore_conflicts: bool) -> str:
 @functools.cache
 def _update_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
     quote = connection.ops.quote_name
-    table, pk = quote(model._meta.db_table), quote(model._meta.pk.column)
-    columns = [quote(model._meta.get_field(name).column) for name in names]
-    assignments = ", ".join(f"{column} = v.{column}" for column in columns)
+    table, pk = quote(model._meta.db_table), quote(pk_column(model))
+    columns = [quote(db_column(concrete_field(model, name))) for name in names]
+    assignments = ", ".join(f"{name} = v.{name}" for name in columns)
     return (
         f"UPDATE {table} AS t SET {assignments} "
         f"FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) AS v WHERE t.{pk} = v.{pk}"

@@ -98,7 +98,7 @@ def _address(host: str, port: int) -> str:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise Refused(f"host {host!r} does not resolve: {exc}") from None
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))  # an IPv6 scope id aside, str
     if not addresses:
         raise Refused(f"host {host!r} does not resolve")
     if host.lower().strip("[]") in allowed:
@@ -139,12 +139,13 @@ class _PinnedHTTP(http.client.HTTPConnection):
 
 class _PinnedHTTPS(http.client.HTTPSConnection):
     def __init__(self, target: Target, timeout: float) -> None:
-        super().__init__(target.host, target.port, timeout=timeout, context=ssl.create_default_context())
+        self._tls = ssl.create_default_context()
+        super().__init__(target.host, target.port, timeout=timeout, context=self._tls)
         self._address = target.address
 
     def connect(self) -> None:
         sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
 
 
 def downstream_fetch(

@@ -425,7 +425,7 @@ class ThresholdSet(models.Model):
 
     def __str__(self) -> str:
         scope = f"{self.backend or '*'}/{self.model or '*'}/{self.task_type or '*'}"
-        return f"{self.tenant.slug}:{scope}" if self.tenant_id else scope
+        return f"{self.tenant.slug}:{scope}" if self.tenant is not None else scope
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
@@ -479,7 +479,7 @@ class ToolConfig(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant.slug}:{self.name}" if self.tenant_id else self.name
+        return f"{self.tenant.slug}:{self.name}" if self.tenant is not None else self.name
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
@@ -669,7 +669,11 @@ class Reconciler(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant.slug}:{self.tool}" if self.tenant_id else f"(no tenant, unused) {self.tool}"
+        return (
+            f"{self.tenant.slug}:{self.tool}"
+            if self.tenant is not None
+            else f"(no tenant, unused) {self.tool}"
+        )
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError

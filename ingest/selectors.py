@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -285,7 +285,7 @@ def modes_measured(
         if found.low:
             demoted[name] = found
     if demoted:
-        thresholds = replace(thresholds, **dict.fromkeys(demoted, "shadow"))
+        thresholds = thresholds.merged(dict.fromkeys(demoted, "shadow"))
     return thresholds, demoted
 
 

@@ -35,7 +35,7 @@ class SweepTimer(bootsteps.StartStopStep):
     worker of all wins each time) and sends the message; the sweep runs in a pool process.
     """
 
-    requires = {"celery.worker.components:Timer"}
+    requires = ("celery.worker.components:Timer",)
 
     def __init__(self, worker, **kwargs) -> None:
         super().__init__(worker, **kwargs)

@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http import HttpResponse
-from django.http.request import is_same_domain, split_domain_port, validate_host
+from django.http.request import split_domain_port, validate_host
 from django.shortcuts import render
+from django.utils.http import is_same_domain
 from django.views.debug import SafeExceptionReporterFilter as DjangoFilter
 
 logger = logging.getLogger(__name__)

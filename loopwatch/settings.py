@@ -322,6 +322,7 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("LOOPWATCH_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_HTTP_RESPONSE_CODE = 429  # axes' own default, said here: loopwatch.security answers with it
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOOPWATCH_LOGIN_LOCKOUT_MIN", 15, minimum=1))
 # The user and the address together: neither locks a user out from everywhere (anyone could) nor
 # everyone behind one address.

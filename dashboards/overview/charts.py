@@ -84,7 +84,7 @@ def loop_events_chart(rows: list[dict[str, Any]], buckets: list[datetime]) -> Fi
         if r["bucket"] in index:
             series[index[r["bucket"]]] += r["n"]
     x = [_iso(b) for b in buckets]
-    data = []
+    data: list[dict[str, Any]] = []
     n = max(len(facets), 1)
     gap = 0.06 if n > 1 else 0
     height = (1 - gap * (n - 1)) / n
@@ -118,9 +118,9 @@ def loop_events_chart(rows: list[dict[str, Any]], buckets: list[datetime]) -> Fi
             }
         )
         for kind in kinds:
-            series = counts.get((facet, kind))
-            if series is None:
+            if (facet, kind) not in counts:
                 continue
+            series = counts[(facet, kind)]
             data.append(
                 {
                     "type": "bar",
@@ -510,7 +510,7 @@ def false_alarm_figures(rows: list[dict[str, Any]]) -> tuple[Figure, list[dict[s
     for r in rows:
         if r["action"] != "observe" and r["feedback"] in ("true_loop", "false_alarm"):
             reviewed[r["backend"]][r["feedback"]] += r["n"]
-    table = []
+    table: list[dict[str, Any]] = []
     for backend in sorted(reviewed):
         counts = reviewed[backend]
         n = counts["true_loop"] + counts["false_alarm"]

@@ -25,13 +25,23 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Q
 
 from dashboards.models import DetectionRollup, RollupHour, RollupState, RunRollup
-from dashboards.overview.selectors import FINISHED, HOUR, QUARTER, EpochBucket, bucket_of, bucket_start
+from dashboards.overview.selectors import (
+    FINISHED,
+    HOUR,
+    QUARTER,
+    EpochBucket,
+    bucket_of,
+    bucket_start,
+    run_ended,
+    run_group_figures,
+    run_sums,
+)
 from ingest.models import Detection, Run, RunCursor, Tenant
 
 logger = logging.getLogger(__name__)
@@ -81,17 +91,10 @@ def _run_cells(start: datetime, end: datetime) -> tuple[list[RunRollup], int, in
             *("tenant_id", "backend", "model", "task_type", "agent"),
             *("status", "terminated_by", "budget_type", "quarter"),
         )
-        .annotate(
-            n=Count("*"),
-            flagged=Count("pk", filter=Q(loop_flagged=True)),
-            events=Coalesce(Sum("events_count"), 0),
-            calls=Coalesce(Sum("tool_calls"), 0),
-            cost=Coalesce(Sum("cost_usd"), 0.0),
-            burned=Coalesce(Sum("cost_after_loop_usd"), 0.0),
-        )
+        .annotate(**run_sums())
         .order_by()
     )
-    cells: dict[tuple, RunRollup] = {}
+    cells: dict[tuple[Any, ...], RunRollup] = {}
     running = waiting = 0
     for (
         tenant_id,
@@ -106,9 +109,7 @@ def _run_cells(start: datetime, end: datetime) -> tuple[list[RunRollup], int, in
         *sums,
     ) in rows:
         n, flagged, events, calls, cost, burned = sums
-        finished = status in FINISHED
-        # As the page counts them: a budget's ending only for finished runs.
-        ended = (budget_type or "unspecified") if finished and terminated_by == "budget" else ""
+        ended = run_ended(status=status, terminated_by=terminated_by, budget_type=budget_type)
         key = (tenant_id, backend, model, task_type, agent, ended)
         cell = cells.get(key)
         if cell is None:
@@ -121,22 +122,16 @@ def _run_cells(start: datetime, end: datetime) -> tuple[list[RunRollup], int, in
                 agent=agent,
                 ended=ended,
             )
-        cell.runs += n
-        cell.flagged += flagged
-        cell.events += events
-        cell.tool_calls += calls
-        cell.cost += cost
-        cell.burned += burned
+        figures = run_group_figures(
+            status=status, n=n, flagged=flagged, events=events, calls=calls, cost=cost, burned=burned
+        )
+        for name, value in figures.items():
+            setattr(cell, name, getattr(cell, name) + value)
         if status == Run.Status.RUNNING:
-            cell.running += n
             running += n
         elif status == Run.Status.WAITING:
             waiting += n
-        if status == Run.Status.SUCCEEDED:
-            cell.succeeded += n
-            cell.success_cost += cost
-        if finished:
-            cell.finished += n
+        if status in FINISHED:
             name = f"finished_q{quarter % 4}"
             setattr(cell, name, getattr(cell, name) + n)
     return list(cells.values()), running, waiting

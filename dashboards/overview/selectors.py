@@ -29,6 +29,49 @@ from dashboards.overview.filters import FilterOptions, OverviewFilters
 from ingest.models import Detection, Operation, Run
 
 FINISHED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.TRUNCATED, Run.Status.ABANDONED)
+
+
+def run_sums() -> dict[str, Any]:
+    """The sums of a group of runs, for the rollup's cells and for the live read alike."""
+    return {
+        "n": Count("*"),
+        "flagged_n": Count("pk", filter=Q(loop_flagged=True)),
+        "events_n": Coalesce(Sum("events_count"), 0),
+        "calls_n": Coalesce(Sum("tool_calls"), 0),
+        "cost_sum": Coalesce(Sum("cost_usd"), 0.0),
+        "burned_sum": Coalesce(Sum("cost_after_loop_usd"), 0.0),
+    }
+
+
+def run_ended(*, status: str, terminated_by: str, budget_type: str) -> str:
+    """The budget a run ended on ("unspecified" when it did not say which), for finished runs only;
+    "" for every other run."""
+    return (budget_type or "unspecified") if status in FINISHED and terminated_by == "budget" else ""
+
+
+def run_group_figures(
+    *, status: str, n: int, flagged: int, events: int, calls: int, cost: float, burned: float
+) -> dict[str, int | float]:
+    """What a group of `n` runs of one status (summed by run_sums) adds to the overview's figures:
+    the one rule for a rollup cell and for a live line."""
+    out: dict[str, int | float] = {
+        "runs": n,
+        "flagged": flagged,
+        "events": events,
+        "tool_calls": calls,
+        "cost": cost,
+        "burned": burned,
+    }
+    if status == Run.Status.RUNNING:
+        out["running"] = n
+    if status == Run.Status.SUCCEEDED:
+        out["succeeded"] = n
+        out["success_cost"] = cost
+    if status in FINISHED:
+        out["finished"] = n
+    return out
+
+
 REPEAT_KINDS = ("exact_repeat", "interval_loop", "oscillation", "perturbation")  # the same call again
 TAIL_RUNS_LIMIT = 50
 # Ages of UNKNOWN operations, as the queue works them: reconciliation retries for up to an hour.
@@ -130,7 +173,8 @@ class EpochBucket(Func):
         super().__init__(expression)
         self.seconds = int(step.total_seconds())
 
-    def as_sql(self, compiler, connection, **extra):  # SQLite and others: whole seconds since 1970
+    def as_sql(self, compiler, connection, function=None, template=None, arg_joiner=None, **extra):
+        # SQLite and others: whole seconds since 1970.
         sql, params = compiler.compile(self.source_expressions[0])
         return f"(CAST(strftime('%%s', {sql}) AS INTEGER) / %s)", [*params, self.seconds]
 
@@ -231,14 +275,7 @@ def run_figures(*, f: OverviewFilters, cover: Coverage | None = None) -> dict[st
             .filter(_within("started_at", cover.live))
             .annotate(at=EpochBucket("started_at", f.step))
             .values_list("backend", "at", "task_type", "status", "terminated_by", "budget_type")
-            .annotate(
-                n=Count("*"),
-                flagged=Count("pk", filter=Q(loop_flagged=True)),
-                events=Coalesce(Sum("events_count"), 0),
-                calls=Coalesce(Sum("tool_calls"), 0),
-                cost=Coalesce(Sum("cost_usd"), 0.0),
-                burned=Coalesce(Sum("cost_after_loop_usd"), 0.0),
-            )
+            .annotate(**run_sums())
             .order_by()
         )
         for (
@@ -256,20 +293,13 @@ def run_figures(*, f: OverviewFilters, cover: Coverage | None = None) -> dict[st
             burned,
         ) in _rows(rows):
             line = by_backend.setdefault(backend, {"backend": backend, **zero})
-            line["runs"] += n
-            line["events"] += events
-            line["tool_calls"] += calls
-            line["cost"] += cost
-            line["burned"] += burned
-            line["flagged"] += flagged
-            if status == Run.Status.RUNNING:
-                line["running"] += n
-            if status == Run.Status.SUCCEEDED:
-                line["succeeded"] += n
-                line["success_cost"] += cost
+            figures = run_group_figures(
+                status=status, n=n, flagged=flagged, events=events, calls=calls, cost=cost, burned=burned
+            )
+            for name, value in figures.items():
+                line[name] += value
             if status in FINISHED:
-                line["finished"] += n
-                ended = (budget_type or "unspecified") if terminated_by == "budget" else ""
+                ended = run_ended(status=status, terminated_by=terminated_by, budget_type=budget_type)
                 if ended:
                     line["budget"] += n
                 start = starts.get(at) or starts.setdefault(at, bucket_start(at, f.step))
@@ -438,6 +468,18 @@ def detection_rows(*, f: OverviewFilters, cover: Coverage | None = None) -> dict
     }
 
 
+@dataclass(frozen=True)
+class UnknownWrite:
+    """An operation UNKNOWN now, as the overview lists it."""
+
+    operation_key: str
+    tool: str
+    needs_person: bool
+    run_id: int | None
+    run: Run | None
+    age_text: str  # how long it has been UNKNOWN (age_text)
+
+
 def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -> dict[str, Any]:
     """The writes whose outcome is UNKNOWN now (not limited to the range), with their ages."""
     ops = Operation.objects.filter(tenant_id__in=f.tenant_ids, status=Operation.Status.UNKNOWN)
@@ -467,9 +509,17 @@ def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -
         .only("operation_key", "tool", "unknown_since", "needs_person", "tenant__slug", "run__run_id")
         .order_by("unknown_since", "pk")[:oldest]
     )
-    for op in listed:
-        op.age = now - op.unknown_since
-        op.age_text = age_text(op.age)
+    oldest_ops = [
+        UnknownWrite(
+            operation_key=op.operation_key,
+            tool=op.tool,
+            needs_person=op.needs_person,
+            run_id=op.run_id,
+            run=op.run,
+            age_text=age_text(now - op.unknown_since) if op.unknown_since else "",
+        )
+        for op in listed
+    ]
     oldest_age = (now - figures["first"]) if figures["first"] else None
     return {
         "open": figures["open"],
@@ -477,7 +527,7 @@ def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -
         "oldest_age": oldest_age,
         "oldest_age_text": age_text(oldest_age) if oldest_age is not None else "",
         "ages": ages,
-        "oldest": listed,
+        "oldest": oldest_ops,
     }
 
 

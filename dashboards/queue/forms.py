@@ -23,7 +23,8 @@ class DecisionForm(forms.Form):
     shown_status = forms.ChoiceField(choices=Operation.Status.choices, widget=forms.HiddenInput)
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         action = data.get("action")
         if not (data.get("note") or "").strip():
             why = {
@@ -44,7 +45,7 @@ def named_errors(form: forms.Form) -> list[str]:
     """Every error as `field: message` (Django's own messages do not name their field)."""
     out = []
     for name, errors in form.errors.items():
-        for error in errors:
+        for error in map(str, errors):
             named = name == "__all__" or error.startswith((f"{name}:", name.replace("_", " ")))
             out.append(error if named else f"{name}: {error}")
     return out

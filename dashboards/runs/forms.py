@@ -18,7 +18,8 @@ class HandoffAnswerForm(forms.Form):
     shown_at = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if not (data.get("note") or "").strip():
             why = {
                 "resume": "say what changed so that the run may go on",

@@ -234,11 +234,11 @@ def run_timeline(*, run: Run, config: Config, start: int = 1, size: int = TIMELI
     for e in others:
         by_seq[e.seq] = Item(seq=e.seq, round=0, type=e.type, body=e.body)
     for d in detections:
-        item = by_seq.get(d.seq)
-        if item is None:  # fired on an event not shown by itself (a result whose call is on another page)
-            item = Item(seq=d.seq, round=d.at_round, type="detection")
-            by_seq[d.seq] = item
-        item.detections.append(d)
+        if (
+            d.seq not in by_seq
+        ):  # fired on an event not shown by itself (a result whose call is on another page)
+            by_seq[d.seq] = Item(seq=d.seq, round=d.at_round, type="detection")
+        by_seq[d.seq].detections.append(d)
     seen: set[int] = set()
     for seq in sorted(by_seq):
         item = by_seq[seq]
@@ -343,7 +343,7 @@ class HandoffView:
 def run_handoff_view(handoff: Any) -> HandoffView | None:
     if not isinstance(handoff, dict):
         return None
-    resolved = handoff.get("resolved") if isinstance(handoff.get("resolved"), dict) else {}
+    resolved: dict[str, Any] = handoff["resolved"] if isinstance(handoff.get("resolved"), dict) else {}
     proposed = handoff.get("proposed")
     proposed_text = ""
     if isinstance(proposed, dict) and proposed.get("tool"):

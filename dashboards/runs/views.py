@@ -90,7 +90,7 @@ def index(request: HttpRequest) -> HttpResponse:
             raise BadParameter("status", f"one of {', '.join(RUN_STATUSES)}")
         if detection not in ("", "failed"):
             raise BadParameter("detection", "failed, or leave it out")
-        page = _int(request.GET, "page", default=1, high=MAX_PAGE)
+        page = _int(request.GET, "page", default=1, high=MAX_PAGE) or 1
     except BadParameter as exc:
         return _bad_request(request, exc)
     context: dict = {

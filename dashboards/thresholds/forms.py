@@ -146,7 +146,8 @@ class ThresholdSetForm(_SettingsForm):
         return {n: data[n] for n in THRESHOLD_NAMES if data.get(n) not in (None, "")}
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors:
             return data
         for name in ("backend", "model", "task_type"):
@@ -216,7 +217,8 @@ class ToolConfigForm(_SettingsForm):
         return _arg_list(self.cleaned_data["cursor_args"], "cursor arguments")
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors:
             return data
         try:
@@ -237,7 +239,7 @@ def named_errors(form: forms.Form) -> list[str]:
     """Every error as `field: message` (Django's own messages do not name their field)."""
     out = []
     for name, errors in form.errors.items():
-        for error in errors:
+        for error in map(str, errors):
             named = name == "__all__" or error.startswith((f"{name}:", name.replace("_", " ")))
             out.append(error if named else f"{name}: {error}")
     return out

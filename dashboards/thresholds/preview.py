@@ -200,7 +200,7 @@ def preview_replay(
         # The engine never mutates the events, so both replays can share them.
         found_before = _replay(run_events, now, deadline)
         found_after = _replay(run_events, new, deadline) if found_before is not None else None
-        if found_after is None:
+        if found_before is None or found_after is None:
             preview.cut_short = True
             break
         preview.done += 1

@@ -103,19 +103,20 @@ RETRY_AFTER_S = 2
 logger = logging.getLogger(__name__)
 
 
-def database_unavailable(request, exc: BaseException) -> HttpResponse:
+def database_unavailable(request, exc: BaseException | None) -> HttpResponse:
     """503 with Retry-After: the database is down, frozen or out of connections, and the request
     can be sent again as it is (nothing was stored, or a retried batch comes back `duplicate`)."""
     logger.warning("%s %s: database unavailable: %s", request.method, request.path, exc)
     if _wants_json(request):
         detail = f"the database is unavailable; retry after {RETRY_AFTER_S} s"
-        response = json_error(status.HTTP_503_SERVICE_UNAVAILABLE, "unavailable", detail)
+        response: HttpResponse = json_error(status.HTTP_503_SERVICE_UNAVAILABLE, "unavailable", detail)
     else:
         detail = f"The database is unavailable; this page reloads in {RETRY_AFTER_S} s."
         response = _page(request, 503, "Unavailable", detail, plain=True)
         response["Refresh"] = str(RETRY_AFTER_S)
     response["Retry-After"] = str(RETRY_AFTER_S)
-    response._has_been_logged = True  # by the warning above: Django's log_response skips it
+    # Logged by the warning above: Django's log_response skips it (a private flag the stubs omit).
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
 

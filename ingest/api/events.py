@@ -96,7 +96,7 @@ def ingest_batch(*, tenant, events: list[Any], ledger_scope: bool) -> IngestResu
         reason = bad.get(verdict["index"])
         if reason is not None:
             path = f"[{verdict['index']}]"
-            verdict.update(field=path, reason=reason, error=f"{path}: {reason}")
+            verdict["field"], verdict["reason"], verdict["error"] = path, reason, f"{path}: {reason}"
     return result
 
 
@@ -169,7 +169,7 @@ class EventsIngestApi(APIView):
             ledger_scope=ApiKey.Scope.LEDGER in request.auth.scopes,
         )
         payload = result.as_dict()
-        code = status.HTTP_200_OK
+        code: int = status.HTTP_200_OK
         if payload["rejected"]:
             code = 422 if payload["rejected"] == len(events) else 207
         return HttpResponse(orjson.dumps(payload), status=code, content_type="application/json")

@@ -101,7 +101,8 @@ def _repeat(t: Thresholds, state: RunState, call: Call, rec: SigRecord) -> list[
 def _periodic_suffix(recent: list[Call]) -> tuple[int, int, set[str]]:
     """(period, full cycles, signatures in the cycle) of the longest periodic tail, period 2..4."""
     sigs = [c.sig for c in recent]
-    best = (0, 0, set())
+    best: tuple[int, int, set[str]] = (0, 0, set())
+    period: int
     for period in (2, 3, 4):
         if len(sigs) < 2 * period:
             continue
@@ -215,7 +216,7 @@ def detect_perturbation(t: Thresholds, state: RunState, call: Call) -> list[Dete
             # "pending", "in progress") with the very same answer.
             previous = entry
         break
-    if previous is None or previous.digest.split(":", 1)[0] != "ok":
+    if previous is None or (previous.digest or "").split(":", 1)[0] != "ok":
         call.cluster = 1
         return []
     call.cluster = previous.cluster + 1

@@ -125,7 +125,7 @@ class Engine:
         kind, kind_from = kinds.kind_resolve(event.get("kind"), spec.kind, name)
         if kind_from not in kinds.DECLARED and name in state.inferred:
             kind, kind_from = state.inferred[name], "result"
-        args = event.get("args") if isinstance(event.get("args"), dict) else {}
+        args = event["args"] if isinstance(event.get("args"), dict) else {}
         clean, rest, cursor = self._normalise(name, args)
         core = {k: v for k, v in rest.items() if k in spec.core_args} if spec.core_args else rest
         sig = digest([name, rest])
@@ -166,7 +166,9 @@ class Engine:
         found += calls.detect_goal_budget(self.t, state, call, goals)
         return kinds.with_kind(found, call)
 
-    def _normalise(self, name: str, args: dict[str, Any]) -> tuple[dict, dict, dict]:
+    def _normalise(
+        self, name: str, args: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """(canonical arguments, those without the cursor, the cursor) of a call of `name`."""
         spec = self.config.tool(name)
         clean = canonical(args, casefold=spec.casefold, noise=spec.noise_args)

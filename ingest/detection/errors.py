@@ -33,7 +33,7 @@ def detect_repeated_error(
     if call.kind == "write" and status == "timeout":
         return []  # an UNKNOWN write: the duplicate-write detector and the ledger own it
     klass = error_class or ("transient" if status == "timeout" else "other")
-    previous = state.errors.get(call.sig)
+    previous = state.errors.get(call.sig) or []  # stored entries are never empty
     same = bool(previous) and previous[0] == klass and previous[1] == result_digest
     step = 1 if call.reaction else 0  # sent before the failure was seen: not a retry of it
     # `count`: the same failure in a row since the world last changed — after a user's turn the

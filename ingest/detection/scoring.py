@@ -212,8 +212,9 @@ def run_source(events: list[dict[str, Any]]) -> str:
     for event in events:
         if event.get("type") == "run_started":
             labels = event.get("labels")
-            if isinstance(labels, dict) and isinstance(labels.get("source"), str) and labels["source"]:
-                return labels["source"]
+            source = labels.get("source") if isinstance(labels, dict) else None
+            if isinstance(source, str) and source:
+                return source
             agent = event.get("agent")
             return agent if isinstance(agent, str) and agent else "-"
     return "-"

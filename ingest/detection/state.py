@@ -93,7 +93,7 @@ class RunState:
     pending: dict[str, list[Call]] = field(default_factory=dict)
     recent: list[Call] = field(default_factory=list)
     facts: dict[str, None] = field(default_factory=dict)
-    errors: dict[str, list] = field(
+    errors: dict[str, list[Any]] = field(
         default_factory=dict
     )  # sig -> [class, digest, count, fired, world, stubborn]
     writes: dict[str, str] = field(default_factory=dict)  # write key -> last status
@@ -101,7 +101,7 @@ class RunState:
     perturbed: dict[str, int] = field(default_factory=dict)  # goal -> level fired
     goals: dict[str, int] = field(default_factory=dict)
     # What the user said: requests to the user, [text key, asks, answered since the last ask, fired].
-    questions: list[list] = field(default_factory=list)
+    questions: list[list[Any]] = field(default_factory=list)
     user_keys: list[str] = field(default_factory=list)  # the user's last turns (text keys)
     user_ids: list[str] = field(default_factory=list)  # numbers, codes, e-mails the user gave
     user_messages: int = 0
@@ -121,8 +121,8 @@ class RunState:
     asked: bool = False  # the model's last text asked the user for something
     tried: bool = False  # a call never made before failed since the model last asked the user
     # Tool calls written in the text since the last real call: digest -> [times, fired].
-    printed: dict[str, list] = field(default_factory=dict)
-    harness: list = field(default_factory=lambda: ["", 0, 0])  # [message key, in a row, fired]
+    printed: dict[str, list[Any]] = field(default_factory=dict)
+    harness: list[Any] = field(default_factory=lambda: ["", 0, 0])  # [message key, in a row, fired]
     inferred: dict[str, str] = field(default_factory=dict)  # tool -> kind its results revealed
     targets: dict[str, None] = field(default_factory=dict)  # ids, paths, urls already looked at
     last_result: str = ""  # digest of the previous call's result
@@ -162,7 +162,7 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def remember(mapping: dict, key: str, value: Any, cap: int) -> None:
+def remember(mapping: dict[str, Any], key: str, value: Any, cap: int) -> None:
     """Insert or refresh `key` as the newest entry; drop the oldest past `cap`."""
     mapping.pop(key, None)
     mapping[key] = value

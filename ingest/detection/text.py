@@ -194,7 +194,7 @@ def requests_in(raw: str) -> str:
 
 def user_message(t: Thresholds, state: RunState, event: dict[str, Any]) -> tuple[bool, bool, list[Detection]]:
     """A user_message: (from the user, bringing news, detections). A harness's message is neither."""
-    raw = event.get("text") if isinstance(event.get("text"), str) else ""
+    raw: str = event["text"] if isinstance(event.get("text"), str) else ""
     sender = event.get("sender")
     if isinstance(sender, str) and sender.strip().casefold() not in USER_SENDERS:
         return False, False, _harness(t, state, key_of(raw), sender)
@@ -438,7 +438,9 @@ def _harness(t: Thresholds, state: RunState, key: str, sender: str) -> list[Dete
     ]
 
 
-def _detection(state: RunState, kind: str, level: int, count: int, hint: str, evidence: dict) -> Detection:
+def _detection(
+    state: RunState, kind: str, level: int, count: int, hint: str, evidence: dict[str, Any]
+) -> Detection:
     return Detection(
         kind=kind,
         action=action_name(level),

@@ -40,7 +40,7 @@ How (`call_check`):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -239,10 +239,10 @@ def call_check(
     level = ACTIONS.index(strongest["action"]) + 1 if strongest else 0
     if strongest is not None:
         answer.hint = strongest["hint"]
-    if level >= TERMINATE:
+    if strongest is not None and level >= TERMINATE:
         answer.decision, answer.diagnosis = "terminate", _diagnosis(strongest, state)
         return answer
-    if level >= HANDOFF:
+    if strongest is not None and level >= HANDOFF:
         answer.decision = "handoff"
         answer.handoff = _handoff_mark(run, strongest, call, kind, now)
         return answer
@@ -372,6 +372,7 @@ class _RunView:
     retry_at: datetime | None = None
 
 
+_RUN_VIEW_FIELDS = tuple(f.name for f in fields(_RunView))
 # By hand rather than through the ORM: the engine state is the biggest value a check reads, and
 # orjson decodes it several times faster than the JSONField's json.loads.
 _RUN_VIEW_SQL = f"""
@@ -395,16 +396,12 @@ def _run_view(tenant_id: int, run_id: str) -> _RunView | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    *head, handoff, position, engine_state, failures, error, retry_at = row
-    return _RunView(
-        *head,
-        handoff=_json(handoff),
-        position=position,
-        engine_state=_json(engine_state),
-        failures=failures,
-        error=error,
-        retry_at=_utc(retry_at),
-    )
+    # The columns come in _RunView's order: the run's, then its cursor's.
+    values = dict(zip(_RUN_VIEW_FIELDS, row, strict=True))
+    for name in ("handoff", "engine_state"):
+        values[name] = _json(values[name])
+    values["retry_at"] = _utc(values["retry_at"])
+    return _RunView(**values)
 
 
 def _state(run: _RunView) -> RunState:

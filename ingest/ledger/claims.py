@@ -196,7 +196,7 @@ def operation_claim(
         if op.status == S.FAILED:
             return ClaimAnswer("failed", op)
         if op.status == S.RUNNING:
-            if lease_live:
+            if lease_live and op.lease_expires_at is not None:
                 # Another attempt holds it, whoever sends this one (two threads share a worker_id).
                 metrics.lease_contention(op)
                 return ClaimAnswer(

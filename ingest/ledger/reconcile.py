@@ -142,7 +142,7 @@ def reconciler_ask(reconciler: Reconciler, op: Operation) -> tuple[str, dict[str
         )
     except Refused as exc:
         return "unknown", {"error": f"not asked: {exc}"}
-    slug = reconciler.tenant.slug if reconciler.tenant_id else ""
+    slug = reconciler.tenant.slug if reconciler.tenant is not None else ""
     headers = settings.LOOPWATCH_RECONCILER_HEADERS.get(slug, {}).get(reconciler.headers_name, {})
     try:
         status, raw = downstream_fetch(

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ingest.bulk import rows_update
+from ingest.bulk import concrete_field, db_column, rows_update
 from ingest.detection.config import NON_RETRYABLE, RETRYABLE
 from ingest.ledger.claims import Actor, S, _move, fingerprint, operation_key_for
 from ingest.models import Operation, OperationTransition
@@ -57,8 +57,11 @@ def trace_writes_record(*, steps: list[tuple[str, Any, Any]]) -> list[dict[str, 
     duplicate side effect (a start; see _trace_started) or None.
     """
     answers: list[dict[str, Any] | None] = [None] * len(steps)
-    keyed = [(i, kind, run, call, trace_key(call, run)) for i, (kind, run, call) in enumerate(steps)]
-    keyed = [step for step in keyed if step[4] is not None]
+    keyed = []
+    for i, (kind, run, call) in enumerate(steps):
+        key = trace_key(call, run)
+        if key is not None:
+            keyed.append((i, kind, run, call, key))
     if not keyed:
         return answers
     now = timezone.now()
@@ -151,10 +154,10 @@ def _trace_ops_insert(firsts: dict[tuple[int, str], tuple[Any, Any]], now: datet
     quote = connection.ops.quote_name
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
     params = [f.get_db_prep_save(f.pre_save(row, add=True), connection) for row in rows for f in fields]
-    tenant, key = (quote(meta.get_field(name).column) for name in ("tenant", "operation_key"))
+    tenant, key = (quote(db_column(concrete_field(Operation, name))) for name in ("tenant", "operation_key"))
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+            f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(db_column(f)) for f in fields)}) "
             f"VALUES {', '.join([one] * len(rows))} ON CONFLICT ({tenant}, {key}) DO NOTHING "
             f"RETURNING {tenant}, {key}",
             params,

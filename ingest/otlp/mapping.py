@@ -586,10 +586,10 @@ def _llm_text(span: SpanIn) -> str | None:
     messages = _json_or_text(attrs.get("gen_ai.output.messages"), "gen_ai.output.messages")
     if isinstance(messages, list):
         parts = [
-            part.get("content")
+            part["content"]
             for message in messages
             if isinstance(message, dict)
-            for part in (message.get("parts") if isinstance(message.get("parts"), list) else [])
+            for part in (message["parts"] if isinstance(message.get("parts"), list) else [])
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("content"), str)
         ]
         if parts:
@@ -718,7 +718,7 @@ def _run_events(
     if known is None:
         description = describe(members)
         first_ns = min(plan.span.start_ns for plan in members)
-        started = {
+        started: dict[str, Any] = {
             "type": "run_started",
             "run_id": run_id,
             "ts": ts_text(first_ns),
@@ -811,7 +811,7 @@ def _described_events(
             fields[root.index]["agent"] = agent[0]
         if known.started_us is None or root.span.start_ns // 1000 < known.started_us:
             fields.setdefault(root.index, {})  # its start alone is worth an event
-    out = []
+    out: list[tuple[int, int, int, dict[str, Any], int | None]] = []
     for index, named in fields.items():
         span = by_index[index].span
         event = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -99,7 +100,7 @@ WHERE e.run_id = v.run_id AND e.seq = v.seq
 
 
 def rounds_number(
-    events: dict[int, list[tuple[int, str, datetime, dict]]], *, fresh: set[int] = frozenset()
+    events: dict[int, list[tuple[int, str, datetime, dict]]], *, fresh: AbstractSet[int] = frozenset()
 ) -> Numbering:
     """Number by start time the OTLP rounds and calls of a pass (`events`: per run pk, its new
     events as (seq, type, ts, body)), moving the ones stored before when a span started earlier
@@ -195,6 +196,7 @@ def _stored_read(
         for pk, seq, number, started_at, ts in stored.filter(started_at__gte=start).values_list(
             "pk", "seq", "round", "started_at", "ts"
         ):
+            assert started_at is not None  # started_at__gte leaves NULL out
             rounds[run_pk].append(_Round(started_at, ts, seq, number, pk))
         otlp = set(
             Event.objects.filter(run_id=run_pk, event_id__startswith=OTLP_EVENT_PREFIX).values_list(

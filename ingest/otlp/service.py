@@ -8,6 +8,8 @@ trace (a collector's parallel exporters) take turns, so that each finds what the
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -129,7 +131,7 @@ def _plans_store(
     *,
     max_event_bytes: int,
     ledger_scope: bool,
-    run_ids: set[str] = frozenset(),
+    run_ids: AbstractSet[str] = frozenset(),
 ) -> tuple[Built, dict[int, dict[str, str]], int]:
     """Build and store the events of these plans (and of the spans waiting for their runs, or for
     `run_ids`), in one transaction. Returns what was built, the verdicts per span index and how
@@ -172,7 +174,7 @@ class _RunsState:
     tool_kinds: dict[str, str]
 
 
-def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: set[str]) -> _RunsState:
+def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: AbstractSet[str]) -> _RunsState:
     """Read what is stored of the plans' runs, which the caller holds (runs_hold: two exports of a
     trace take turns, or both would start its run, number the same rounds, or miss each other's
     waiting root span): the runs (their description and rounds so far), which of the export's model
@@ -189,6 +191,10 @@ def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: set[str]) -> _RunsS
     tools = sorted({plan.tool for plan in plans if plan.tool})
     if not run_ids:
         return _RunsState({}, [], {})
+    runs: Iterable[tuple[Any, ...]] | None
+    stored: Iterable[tuple[Any, ...]] | None
+    parked: Iterable[tuple[Any, ...]] | None
+    kinds: Iterable[tuple[Any, ...]] | None
     if connection.vendor == "postgresql":
         runs, stored, parked, kinds = statements_run(
             [

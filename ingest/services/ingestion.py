@@ -7,13 +7,15 @@ import copy
 import math
 import operator
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import orjson
 from django.db import connection, models, transaction
 
+from ingest.bulk import concrete_field, db_column, pk_column
 from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.models import (
     Event,
@@ -203,7 +205,7 @@ def runs_hold(*, tenant: Tenant, run_ids: list[str]) -> list[int]:
     ordered = sorted(set(run_ids))
     sql, params = _insert_missing_sql(Run, Run(tenant=tenant), "run_id", ordered)
     with connection.cursor() as cursor:
-        cursor.execute(sql + f" RETURNING {connection.ops.quote_name(Run._meta.pk.column)}", params)
+        cursor.execute(sql + f" RETURNING {connection.ops.quote_name(pk_column(Run))}", params)
         created = [row[0] for row in cursor.fetchall()]
         cursor.execute(_run_statements()[0], [tenant.pk, ordered])
     return created
@@ -228,7 +230,7 @@ def _insert_missing(model: type[models.Model], template: models.Model, key: str,
             row = copy.copy(template)
             setattr(row, key, value)
             rows.append(row)
-        model.objects.bulk_create(rows, ignore_conflicts=True)
+        model._default_manager.bulk_create(rows, ignore_conflicts=True)
         return
     sql, params = _insert_missing_sql(model, template, key, values)
     with connection.cursor() as cursor:
@@ -305,9 +307,10 @@ def _events_stored(run_pks: set[int], event_ids: set[str]) -> set[tuple[int, str
         with connection.cursor() as cursor:
             cursor.execute(_EVENTS_STORED_SQL, [list(run_pks), list(event_ids)])
             return set(cursor.fetchall())
-    return set(
-        Event.objects.filter(run_id__in=run_pks, event_id__in=event_ids).values_list("run_id", "event_id")
+    stored = Event.objects.filter(run_id__in=run_pks, event_id__in=event_ids).values_list(
+        "run_id", "event_id"
     )
+    return set(cast(Iterable[tuple[int, str]], stored))  # event_id__in leaves NULL out
 
 
 def _runs_update(runs: list[Run | _RunRow], fresh: list[int], described: set[int]) -> None:
@@ -321,9 +324,9 @@ def _runs_update(runs: list[Run | _RunRow], fresh: list[int], described: set[int
     """
     if connection.vendor == "postgresql":
         names = ("pk", *RUN_FIGURES)
-        columns = [Run._meta.pk.column, *(Run._meta.get_field(name).column for name in RUN_FIGURES)]
+        columns = [pk_column(Run), *(db_column(concrete_field(Run, name)) for name in RUN_FIGURES)]
         counted = [(c, n) for c, n in zip(columns, names, strict=True) if n not in DESCRIPTION_FIGURES]
-        cost = Run._meta.get_field("cost_usd").column
+        cost = db_column(concrete_field(Run, "cost_usd"))
         data = []
         for run in runs:
             if run.pk in described:
@@ -344,8 +347,8 @@ def _runs_update(runs: list[Run | _RunRow], fresh: list[int], described: set[int
         return
     if fresh:
         _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
-    fields = [Run._meta.get_field(name) for name in RUN_FIGURES]
-    assignments = ", ".join(f"{connection.ops.quote_name(f.column)} = %s" for f in fields)
+    fields = [concrete_field(Run, name) for name in RUN_FIGURES]
+    assignments = ", ".join(f"{connection.ops.quote_name(db_column(f))} = %s" for f in fields)
     sql = f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {assignments} WHERE id = %s"
     params = [[_db_value(f, getattr(run, f.attname)) for f in fields] + [run.pk] for run in runs]
     with connection.cursor() as cursor:
@@ -364,7 +367,7 @@ def _db_value(field, value: Any) -> Any:
     return value
 
 
-def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
+def _run_apply(run: Run | _RunRow, event: dict[str, Any], ts: datetime) -> bool:
     """Fold one event into the run's figures. True when it is a model round whose cost must be priced."""
     kind = event["type"]
     if run.started_at is None or ts < run.started_at:

@@ -468,6 +468,8 @@ def _pass_read(
     ({run pk: cursor}, {run pk: events in seq order}, {run pk: run}). On PostgreSQL in one round
     trip, with the prices of the runs' backends the first time."""
     now = timezone.now()
+    cursors: dict[int, _CursorRow | RunCursor]
+    events: dict[int, _Events]
     if connection.vendor != "postgresql":
         due = models.Q(failures=0) | models.Q(retry_at__lte=now)
         cursors = {
@@ -492,7 +494,7 @@ def _pass_read(
         pk: _CursorRow(position, processed, loads(state) if isinstance(state, str | bytes) else state)
         for pk, position, processed, state in locked or ()
     }
-    events: dict[int, _Events] = defaultdict(list)
+    events = defaultdict(list)
     for run_pk, seq, kind, ts, body in rows or ():
         # A run let go between the two statements is locked by the second only: left for later.
         if run_pk in cursors:
@@ -503,7 +505,7 @@ def _pass_read(
     return cursors, events, {row[0]: Run.from_db(connection.alias, _RUN_COLUMNS, row) for row in runs or ()}
 
 
-def _events_after(cursors: dict[int, RunCursor], limit: int) -> dict[int, _Events]:
+def _events_after(cursors: dict[int, _CursorRow | RunCursor], limit: int) -> dict[int, _Events]:
     """Each run's events after its cursor, in seq order, at most `limit` of each, in one query
     (elsewhere than PostgreSQL)."""
     found: dict[int, _Events] = defaultdict(list)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 from django.db import connection, models
 
+from ingest.bulk import concrete_field, db_column, pk_column
 from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.models import (
     Backend,
@@ -117,7 +118,7 @@ def _insert_missing_sql(model: type[models.Model], template: models.Model, key: 
         f for f in model._meta.concrete_fields if f is not key_field and f is not model._meta.auto_field
     ]
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in [*fields, key_field])
+    columns = ", ".join(quote(db_column(f)) for f in [*fields, key_field])
     sql = (
         f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
         f"SELECT {'%s, ' * len(fields)}k FROM unnest(%s::{key_field.db_type(connection)}[]) AS u(k) "
@@ -131,8 +132,8 @@ def _insert_missing_sql(model: type[models.Model], template: models.Model, key: 
 def _run_statements() -> tuple[str, str]:
     """PostgreSQL: the SELECT ... FOR UPDATE of a batch's runs and the UPDATE of their figures."""
     table = Run._meta.db_table
-    column = {name: Run._meta.get_field(name).column for name in ("run_id", "tenant", *RUN_FIGURES)}
-    column["pk"] = Run._meta.pk.column
+    column = {name: db_column(concrete_field(Run, name)) for name in ("run_id", "tenant", *RUN_FIGURES)}
+    column["pk"] = pk_column(Run)
     locked = ", ".join(f'"{column[name]}"' for name in _RunRow.LOCKED)
     lock = (
         f'SELECT {locked} FROM "{table}" WHERE "{column["tenant"]}" = %s AND "{column["run_id"]}" = ANY(%s) '
@@ -203,7 +204,7 @@ def _events_copy(tenant_pk: int, rows: list[tuple]) -> None:
     """The rows in one binary COPY (ingestion._events_insert says why binary)."""
     parts = [_COPY_HEADER]
     append = parts.append
-    head_pk = head = None
+    head_pk, head = None, b""  # every run's rows start with its head
     types = _COPY_TYPES
     for run_pk, seq, event_id, kind, ts, body in rows:
         if run_pk != head_pk:
