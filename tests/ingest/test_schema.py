@@ -357,3 +357,86 @@ def test_it_agrees_with_the_json_schema(event):
         assert not ours_ok or schema_ok
         return
     assert ours_ok == schema_ok, event
+
+
+# --- one source of the limits: the fast path, the full check and the schema at the schema's edges ----
+
+
+def _edge_values(prop: dict) -> list:
+    """Values at and just past each limit the schema states for one property, and of other types."""
+    values: list = [None, True, [], {}, "x", 7, 2.5]
+    if "enum" in prop:
+        values += [*prop["enum"], "not-one-of-them"]
+    kind = prop.get("type")
+    if kind == "string":
+        low, high = prop.get("minLength", 0), prop.get("maxLength")
+        values += ["a" * low, "a" * max(low - 1, 0)]
+        if high is not None:
+            values += ["a" * high, "a" * (high + 1)]
+        if "pattern" in prop and prop is not None and "ts" not in prop.get("pattern", ""):
+            values += ["0" * 64, "a" * 64, "A" * 64, "a" * 63]
+    if kind in ("integer", "number"):
+        for bound in ("minimum", "exclusiveMinimum", "maximum"):
+            if bound in prop:
+                edge = prop[bound]
+                values += [edge, edge - 1, edge + 1, float(edge), edge - 0.5, edge + 0.5]
+    if kind == "boolean":
+        values += [False, 0, 1]
+    return values
+
+
+def _schema_edges() -> list[tuple[str, str, object]]:
+    """(event type, field path, value) for every property of every event type in the schema."""
+    spec = schema()
+    by_type = {clause["if"]["properties"]["type"]["const"]: clause["then"] for clause in spec["allOf"]}
+    cases = []
+    for kind in GOOD:
+        props = {**spec["properties"], **by_type[kind].get("properties", {})}
+        for name, prop in props.items():
+            if name in ("type", "ts"):
+                continue  # the type picks the checks; ts has tests of its own above
+            cases += [(kind, name, value) for value in _edge_values(prop)]
+            for inner, inner_prop in prop.get("properties", {}).items():  # budgets
+                cases += [(kind, f"{name}.{inner}", value) for value in _edge_values(inner_prop)]
+    return cases
+
+
+def _set(event: dict, path: str, value) -> dict:
+    event = copy.deepcopy(event)
+    target = event
+    *parents, last = path.split(".")
+    for name in parents:
+        target = target.setdefault(name, {})
+    target[last] = copy.deepcopy(value)
+    return event
+
+
+def test_the_fast_path_and_the_full_check_agree_with_the_schema_at_its_edges():
+    """The limits live in three places on purpose (the schema for clients, the full check for the
+    messages, the fast path for speed): every edge the shipped schema states is tried on all three.
+    The fast path may decline an event (the full check then decides) but never accept a wrong one."""
+    from ingest.schema import _fast_path, _validate_event
+
+    validator = jsonschema.Draft202012Validator(schema())
+    disagreements = []
+    fast_took = 0
+    cases = _schema_edges()
+    for kind, path, value in cases:
+        event = _set(GOOD[kind], path, value)
+        schema_ok = validator.is_valid(event)
+        try:
+            _validate_event(copy.deepcopy(event))
+            full_ok = True
+        except EventError:
+            full_ok = False
+        try:
+            validate_event(copy.deepcopy(event))
+            ours_ok = True
+        except EventError:
+            ours_ok = False
+        fast_ok = _fast_path(copy.deepcopy(event)) is not None
+        fast_took += fast_ok
+        if not (schema_ok == full_ok == ours_ok) or (fast_ok and not full_ok):
+            disagreements.append((kind, path, value, schema_ok, full_ok, fast_ok))
+    assert not disagreements
+    assert len(cases) > 300 and fast_took > 50  # the edges were generated, and the fast path was tried
