@@ -132,16 +132,6 @@ class ReleaseInput(FlatInput):
     attempt = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
 
 
-def lease_state(op: Operation) -> dict[str, Any]:
-    """The lease an `execute` hands out: its holder, fencing token (attempt) and end."""
-    return {
-        "owner": op.lease_owner,
-        "expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
-        "attempt": op.attempts,
-        "attempt_id": op.attempt_id,
-    }
-
-
 def _not_holder(exc: NotLeaseHolder, field: str) -> HttpResponse:
     """409 with the API's error shape, plus where the operation stands (status, current_attempt)."""
     return _json(
@@ -193,25 +183,15 @@ class OperationClaimApi(APIView):
             step_id=data.get("step_id", ""),
             attempt_id=data["attempt_id"],
         )
-        op = answer.operation
-        payload: dict[str, Any] = {"decision": answer.decision, "operation_key": key, "status": op.status}
-        if answer.decision == "execute":
-            payload["lease"] = lease_state(op)
-        elif answer.decision == "reuse":
-            response = _json(payload, raw_result=op.result_json or "null")
-            metrics.result_reused(op, time.perf_counter() - started)
+        payload = answer.as_dict(key=key)  # as the guard's check gives it (its `ledger`)
+        if answer.decision == "reuse":
+            response = _json(payload)  # the stored result as the very bytes it was stored as
+            metrics.result_reused(answer.operation, time.perf_counter() - started)
             return response
-        elif answer.decision == "failed":
-            payload["error"] = {"error_class": op.error_class, "detail": op.error}
-        elif answer.decision == "wait":
-            payload["retry_after"] = answer.retry_after
-        elif answer.decision == "conflict":
+        if answer.decision == "conflict":  # the API's error shape around the same detail
             payload = {
                 "error": "payload_conflict",
-                "detail": (
-                    f"args: operation {key} was claimed with other arguments "
-                    f"(stored fingerprint {answer.extra['stored_fingerprint']}, this one {answer.extra['fingerprint']})"
-                ),
+                "detail": payload["detail"],
                 "field": "args",
                 **answer.extra,
             }

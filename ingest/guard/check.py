@@ -583,28 +583,7 @@ def _ledger_decide(answer: GuardAnswer, *, tenant: Tenant, run_id: str, call: Pr
         step_id=call.step_id,
         attempt_id=call.attempt_id,
     )
-    op = claim.operation
-    ledger: dict[str, Any] = {"decision": claim.decision, "operation_key": key, "status": op.status}
-    if claim.decision == "execute":
-        ledger["lease"] = {
-            "owner": op.lease_owner,
-            "expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
-            "attempt": op.attempts,
-            "attempt_id": op.attempt_id,
-        }
-    elif claim.decision == "reuse":
-        # The stored result as the very bytes it was stored as, like the ledger's own API.
-        ledger["result"] = orjson.Fragment(op.result_json or "null")
-    elif claim.decision == "failed":
-        ledger["error"] = {"error_class": op.error_class, "detail": op.error}
-    elif claim.decision == "wait":
-        ledger["retry_after"] = claim.retry_after
-    elif claim.decision == "conflict":
-        ledger.update(claim.extra)
-        ledger["detail"] = (
-            f"args: operation {key} was claimed with other arguments "
-            f"(stored fingerprint {claim.extra['stored_fingerprint']}, this one {claim.extra['fingerprint']})"
-        )
+    ledger = claim.as_dict(key=key)  # as the ledger API answers the same claim
     answer.decision, answer.ledger = claim.decision, ledger
     if claim.decision == "conflict" and not answer.hint:
         answer.hint = ledger["detail"]

@@ -112,6 +112,39 @@ class ClaimAnswer:
     retry_after: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def as_dict(self, *, key: str) -> dict[str, Any]:
+        """The answer as the ledger API's claim and the guard's check (its `ledger`) both give it:
+        decision, operation_key, status, and per decision the lease (execute), the stored result as
+        the very bytes it was stored as (reuse), the error (failed), retry_after (wait), or the two
+        fingerprints and a detail naming `args` (conflict)."""
+        op = self.operation
+        out: dict[str, Any] = {"decision": self.decision, "operation_key": key, "status": op.status}
+        if self.decision == "execute":
+            out["lease"] = lease_state(op)
+        elif self.decision == "reuse":
+            out["result"] = orjson.Fragment(op.result_json or "null")
+        elif self.decision == "failed":
+            out["error"] = {"error_class": op.error_class, "detail": op.error}
+        elif self.decision == "wait":
+            out["retry_after"] = self.retry_after
+        elif self.decision == "conflict":
+            out.update(self.extra)
+            out["detail"] = (
+                f"args: operation {key} was claimed with other arguments "
+                f"(stored fingerprint {self.extra['stored_fingerprint']}, this one {self.extra['fingerprint']})"
+            )
+        return out
+
+
+def lease_state(op: Operation) -> dict[str, Any]:
+    """The lease an `execute` hands out: its holder, fencing token (attempt) and end."""
+    return {
+        "owner": op.lease_owner,
+        "expires_at": op.lease_expires_at.isoformat() if op.lease_expires_at else None,
+        "attempt": op.attempts,
+        "attempt_id": op.attempt_id,
+    }
+
 
 def operation_claim(
     *,

@@ -295,6 +295,41 @@ def test_a_write_with_other_arguments_is_a_conflict(check):
     assert answer["hint"].startswith("args: operation order-42:refund was claimed with other arguments")
 
 
+def test_the_check_and_the_ledger_api_give_the_same_answer_to_the_same_claim(check, api, key):
+    """One answer to a claim (ClaimAnswer.as_dict): the guard's `ledger` is the ledger API's body, for
+    every decision that leaves the operation as it is (the API's conflict wraps it in its error shape)."""
+
+    def claim(args: dict, worker_id: str) -> tuple[int, dict]:
+        body = {"operation_key": "order-42:refund", "tool": "refund", "args": args, "worker_id": worker_id}
+        response = api.post("/api/v1/operations/claim", {**body, "lease_s": 30}, key)
+        return response.status_code, response.json()
+
+    def both(worker_id: str, args: dict | None = None) -> tuple[dict, int, dict]:
+        args = args or {"order": "42", "amount": 10}
+        ledger = check(write(args=args, worker_id=worker_id))["ledger"]
+        status, body = claim(args, worker_id)
+        return ledger, status, body
+
+    check(write())  # w1 holds the lease
+    ledger, status, body = both("w2")
+    assert (ledger["decision"], status) == ("wait", 409)
+    assert 0 < body.pop("retry_after") <= ledger.pop("retry_after") <= 30  # the lease's rest, asked later
+    assert ledger == body
+    ledger, status, body = both("w2", {"order": "42", "amount": 99})
+    assert ledger["decision"] == "conflict" and status == 422
+    assert {k: v for k, v in ledger.items() if k not in ("decision", "operation_key", "status")} == {
+        k: v for k, v in body.items() if k not in ("error", "field")
+    }
+    api.post(
+        "/api/v1/operations/order-42:refund/complete",
+        {"worker_id": "w1", "outcome": "succeeded", "result": {"refund": "re_1"}},
+        key,
+    )
+    ledger, status, body = both("w3")
+    assert (ledger["decision"], status) == ("reuse", 200)
+    assert ledger == body and body["result"] == {"refund": "re_1"}
+
+
 def test_a_write_by_step_id_claims_sha256_of_run_id_and_step_id(check):
     import hashlib
 

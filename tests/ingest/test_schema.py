@@ -373,7 +373,7 @@ def _edge_values(prop: dict) -> list:
         values += ["a" * low, "a" * max(low - 1, 0)]
         if high is not None:
             values += ["a" * high, "a" * (high + 1)]
-        if "pattern" in prop and prop is not None and "ts" not in prop.get("pattern", ""):
+        if "pattern" in prop:  # result_sha256 (ts is left out above)
             values += ["0" * 64, "a" * 64, "A" * 64, "a" * 63]
     if kind in ("integer", "number"):
         for bound in ("minimum", "exclusiveMinimum", "maximum"):
