@@ -26,20 +26,8 @@ from ingest.ledger import DEFAULT_LEASE_S, MAX_LEASE_S
 from ingest.models import ApiKey, Run
 from ingest.schema import TOOL_KINDS, EventError, check_ts, find_nul, validate_event
 
-# The fields of a check's body; anything else is a mistake worth naming (a typo would go unnoticed).
-FIELDS = (
-    "tool",
-    "kind",
-    "args",
-    "round",
-    "ts",
-    "operation_key",
-    "step_id",
-    "worker_id",
-    "lease_s",
-    "attempt_id",
-    "require_run",
-)
+ID_MAX = 200  # worker_id, attempt_id (the ledger's columns)
+LEASE_MIN_S = 1
 DECISIONS = (
     *("allow", "reuse", "correct", "handoff", "terminate"),
     *("execute", "wait", "reconcile", "failed", "compensated", "conflict"),
@@ -62,18 +50,24 @@ class CheckInput(serializers.Serializer):
     )
     operation_key = serializers.CharField(max_length=500, required=False)
     step_id = serializers.CharField(max_length=200, required=False)
-    worker_id = serializers.CharField(max_length=200, required=False, help_text="Required for a write.")
+    worker_id = serializers.CharField(max_length=ID_MAX, required=False, help_text="Required for a write.")
     lease_s = serializers.FloatField(
-        min_value=1, max_value=MAX_LEASE_S, required=False, default=DEFAULT_LEASE_S
+        min_value=LEASE_MIN_S, max_value=MAX_LEASE_S, required=False, default=DEFAULT_LEASE_S
     )
     attempt_id = serializers.CharField(
-        max_length=200,
+        max_length=ID_MAX,
         required=False,
         help_text="A write: the client's id of this attempt (asked again with it, a lost answer's lease comes back).",
     )
     require_run = serializers.BooleanField(
         required=False, default=False, help_text="404 when the run is not known."
     )
+
+
+# The fields of a check's body, as the OpenAPI document gives them (CheckInput); anything else is a
+# mistake worth naming (a typo would go unnoticed). parse_check checks them by hand (the call as the
+# tool_call event it will be, ID_MAX, LEASE_MIN_S): tests/ingest/test_guard.py tries both at each edge.
+FIELDS = tuple(CheckInput().fields)
 
 
 class CheckOutput(serializers.Serializer):
@@ -134,15 +128,18 @@ def parse_check(body: bytes, *, run_id: str) -> tuple[ProposedCall, bool]:
             ts = check_ts(data["ts"])
         except EventError as exc:
             raise _bad(exc.field, exc.reason) from None
-    worker_id = data.get("worker_id", "")
-    if not isinstance(worker_id, str) or len(worker_id) > 200:
-        raise _bad("worker_id", "must be a string of at most 200 characters")
-    attempt_id = data.get("attempt_id", "")
-    if not isinstance(attempt_id, str) or len(attempt_id) > 200:
-        raise _bad("attempt_id", "must be a string of at most 200 characters")
+    ids = {name: data.get(name, "") for name in ("worker_id", "attempt_id")}
+    for name, value in ids.items():
+        if not isinstance(value, str) or len(value) > ID_MAX:
+            raise _bad(name, f"must be a string of at most {ID_MAX} characters")
+    worker_id, attempt_id = ids["worker_id"], ids["attempt_id"]
     lease_s = data.get("lease_s", DEFAULT_LEASE_S)
-    if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not 1 <= lease_s <= MAX_LEASE_S:
-        raise _bad("lease_s", f"must be a number of seconds from 1 to {MAX_LEASE_S}")
+    if (
+        isinstance(lease_s, bool)
+        or not isinstance(lease_s, int | float)
+        or not LEASE_MIN_S <= lease_s <= MAX_LEASE_S
+    ):
+        raise _bad("lease_s", f"must be a number of seconds from {LEASE_MIN_S} to {MAX_LEASE_S}")
     require_run = data.get("require_run", False)
     if not isinstance(require_run, bool):
         raise _bad("require_run", "must be true or false")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from django.conf import settings
 
@@ -623,3 +624,43 @@ def test_a_check_stamped_before_the_run_started_does_not_exhaust_the_wall_clock(
     answer = check(call(2, ts="2026-11-26T21:38:44Z"))
     assert answer["decision"] == "allow", answer
     assert not [d for d in answer["detections"] if d["kind"] == "budget"]
+
+
+# --- the guard's input: parse_check and the documented CheckInput agree at every edge ----------------
+
+
+def _check_input_edges() -> list[dict]:
+    """Bodies at and just past each limit CheckInput documents (lengths, bounds, choices)."""
+    from rest_framework import serializers
+
+    from ingest.api.guard import CheckInput
+
+    base = {"tool": "t", "args": {}}
+    bodies = []
+    for name, spec in CheckInput().fields.items():
+        if isinstance(spec, serializers.CharField) and spec.max_length:
+            bodies += [{**base, name: "a" * spec.max_length}, {**base, name: "a" * (spec.max_length + 1)}]
+        if isinstance(spec, serializers.ChoiceField):
+            bodies += [{**base, name: choice} for choice in spec.choices] + [{**base, name: "nope"}]
+        if isinstance(spec, serializers.IntegerField | serializers.FloatField):
+            for edge in (spec.min_value, spec.max_value):
+                if edge is not None:
+                    bodies += [{**base, name: edge}, {**base, name: edge - 1}, {**base, name: edge + 1}]
+    return bodies
+
+
+def test_parse_check_takes_what_check_input_documents_and_refuses_the_rest():
+    from ingest.api.errors import ApiError
+    from ingest.api.guard import FIELDS, CheckInput, parse_check
+
+    assert set(FIELDS) == set(CheckInput().fields)
+    bodies = _check_input_edges()
+    assert len(bodies) > 15
+    for body in bodies:
+        documented = CheckInput(data=body).is_valid()
+        try:
+            parse_check(orjson.dumps(body), run_id="r1")
+            parsed = True
+        except ApiError:
+            parsed = False
+        assert parsed == documented, body
