@@ -4,12 +4,35 @@ statements sent in one round trip."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
 import psycopg
 from django.db import connection, models
+
+_PORTABLE: ContextVar[bool] = ContextVar("portable_writes", default=False)
+
+
+def postgres_statements() -> bool:
+    """Whether the writes (and the reads that lock for them) that PostgreSQL does with statements
+    of its own take those (on PostgreSQL) rather than the portable ORM path (SQLite, or inside
+    portable_writes()): the one switch of rows_update, the pipeline's pass (read, materialise,
+    progress) and the ledger's one-statement claim and completion."""
+    return connection.vendor == "postgresql" and not _PORTABLE.get()
+
+
+@contextmanager
+def portable_writes() -> Iterator[None]:
+    """The portable ORM path on PostgreSQL too: the parity tests run both paths on PostgreSQL over
+    the same input and compare the rows (tests/ingest/test_storage_parity.py)."""
+    token = _PORTABLE.set(True)
+    try:
+        yield
+    finally:
+        _PORTABLE.reset(token)
 
 
 def concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
@@ -42,7 +65,7 @@ def rows_update(model: type[models.Model], rows: Sequence[models.Model], names: 
     """
     if not rows:
         return
-    if connection.vendor != "postgresql":
+    if not postgres_statements():
         model._default_manager.bulk_update(rows, list(names))
         return
     statements_run([update_statement(model, rows, names)])

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ingest import metrics
+from ingest.bulk import postgres_statements
 from ingest.detection.config import NON_RETRYABLE, RETRYABLE
 from ingest.detection.normalize import canonical
 from ingest.models import Operation, OperationTransition, Tenant
@@ -168,7 +169,7 @@ def operation_claim(
     fp = fingerprint(args)
     now = timezone.now()
     expires = now + timedelta(seconds=lease_s)
-    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+    if postgres_statements() and not connection.in_atomic_block:
         # The common case, a new key, in one statement and one round trip (autocommit).
         op = _insert_claimed(tenant, key, tool, args, fp, worker_id, expires, step_id, now, attempt_id)
         if op is not None:
@@ -484,7 +485,7 @@ def operation_complete(
     meanwhile), and a success that agrees with a SUCCEEDED someone else found meanwhile (kept as
     it was). Anything else raises NotLeaseHolder (StaleAttempt for an older token), recorded.
     """
-    if outcome == "succeeded" and connection.vendor == "postgresql" and not connection.in_atomic_block:
+    if outcome == "succeeded" and postgres_statements() and not connection.in_atomic_block:
         result_json = orjson.dumps(result).decode()
         digest = hashlib.sha256(result_json.encode()).hexdigest()
         op = _complete_succeeded(tenant, key, worker_id, attempt, result_json, digest, external_request_id)

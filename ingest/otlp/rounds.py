@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
-
-from ingest.bulk import Statement, update_statement
+from ingest.bulk import Statement, postgres_statements, update_statement
 from ingest.models import Event, ModelRound, ToolCall
 from ingest.schema import parse_ts
 
@@ -176,7 +174,7 @@ def _stored_read(
     calls: dict[int, list[_Call]] = defaultdict(list)
     if not since:
         return {}, rounds, calls
-    if connection.vendor == "postgresql":
+    if postgres_statements():
         from ingest.bulk import statements_run
 
         params = [list(since), list(since.values())]

@@ -7,9 +7,7 @@ import operator
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection
-
-from ingest.bulk import insert_statement, statements_run, update_statement
+from ingest.bulk import insert_statement, postgres_statements, statements_run, update_statement
 from ingest.ledger import TRACE_FINISHED, TRACE_STARTED, trace_writes_record
 from ingest.models import (
     Detection,
@@ -139,7 +137,7 @@ def _materialize(
         new_calls += run_calls
         answered += run_answered
         writes.append((run, run_calls, run_answered))
-    if connection.vendor == "postgresql":
+    if postgres_statements():
         statements_run(
             [
                 insert_statement(ModelRound, new_rounds),

@@ -28,7 +28,7 @@ from django.utils import timezone
 from psycopg.errors import LockNotAvailable
 
 from ingest import metrics
-from ingest.bulk import dumps_bounded, insert_statement, statements_run
+from ingest.bulk import dumps_bounded, insert_statement, postgres_statements, statements_run
 from ingest.detection import ACTIONS, Config, Engine, RunState
 from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUNS
@@ -470,7 +470,7 @@ def _pass_read(
     now = timezone.now()
     cursors: dict[int, _CursorRow | RunCursor]
     events: dict[int, _Events]
-    if connection.vendor != "postgresql":
+    if not postgres_statements():
         due = models.Q(failures=0) | models.Q(retry_at__lte=now)
         cursors = {
             cursor.run_id: cursor
@@ -681,7 +681,7 @@ def _progress_save(
     _detect gathered them), move their cursors, then read the `published` detections; on
     PostgreSQL in one round trip."""
     now = timezone.now()
-    if connection.vendor == "postgresql":
+    if postgres_statements():
         pks = sorted(figure["id"] for figure in figures)
         progress = [now, dumps_bounded(positions).decode(), pks, dumps_bounded(figures).decode()]
         *_, found = statements_run(
