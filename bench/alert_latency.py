@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import http.client
-import importlib.util
 import multiprocessing as mp
 import os
 import random
@@ -53,15 +52,8 @@ USERNAME = "bench-operator"
 TARGET_P95_S = 1.0
 
 
-def _load_ingest_bench():
-    spec = importlib.util.spec_from_file_location("bench_ingest", Path(__file__).with_name("ingest.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-B = _load_ingest_bench()  # the event generator, the database and server helpers
-
+from bench import harness as B  # noqa: E402 - the database and server helpers
+from bench.ingest import client_stream  # noqa: E402 - the ingest bench's trace generator
 
 # --- background load ----------------------------------------------------------------------------
 
@@ -108,7 +100,7 @@ def _load_client(idx: int, cfg: dict, key: str, ready, start_at, out_q) -> None:
     if cfg["traffic"] == "sim":
         events = sim_stream(cfg["seed"] * 7919 + idx, n_events, cfg["pool"], prefix)
     else:
-        events = [e for _, e in B.client_stream(cfg["seed"], idx, n_events, cfg["pool"], prefix)]
+        events = [e for _, e in client_stream(cfg["seed"], idx, n_events, cfg["pool"], prefix)]
     batch = cfg["batch"]
     bodies = [orjson.dumps(events[i : i + batch]) for i in range(0, len(events) - batch + 1, batch)]
     interval = batch / per_client
@@ -366,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--database-url: its name must contain 'bench' (its tables are emptied)")
     if urlsplit(args.redis_url).path in ("", "/", "/0"):
         parser.error("--redis-url: name a Redis db of its own (like /13); it is flushed at the end")
-    signal.signal(signal.SIGTERM, B._interrupted)
+    signal.signal(signal.SIGTERM, B.interrupted)
 
     env = B.server_env(args)
     env["CELERY_QUEUE"] = f"alert-bench-{os.getpid()}"

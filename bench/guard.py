@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import importlib.util
 import json
 import os
 import random
@@ -96,13 +95,6 @@ def make_app():
 
 
 # --- the driver ----------------------------------------------------------------------------------------
-
-
-def _load_bench_ingest():
-    spec = importlib.util.spec_from_file_location("bench_ingest", Path(__file__).with_name("ingest.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _request(conn: http.client.HTTPConnection, path: str, body: bytes, key: str) -> tuple[int, bytes]:
@@ -246,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rates: comma-separated numbers, like 50,300")
     if not 0 <= args.writes <= 1 or not rates or min(rates) <= 0 or args.runs < 1:
         parser.error("--writes 0..1, --rates > 0, --runs >= 1")
-    bi = _load_bench_ingest()
-    signal.signal(signal.SIGTERM, bi._interrupted)
+    sys.path.insert(0, str(ROOT))
+    from bench import harness as bi
+
+    signal.signal(signal.SIGTERM, bi.interrupted)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     rng = random.Random(seed)
     prefix = f"gb-{seed:08x}"

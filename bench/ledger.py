@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import random
 import signal
@@ -42,19 +41,9 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # loopwatch_client, also in the spawned client processes
 
+from bench import harness as bi  # noqa: E402 - the database, server and figure helpers
 from loopwatch_client import LedgerClient  # noqa: E402 - needs ROOT on the path
 
-
-def _load_bench_ingest():
-    # bench/ has no package: load bench/ingest.py by its path, under a name that cannot shadow the
-    # `ingest` app.
-    spec = importlib.util.spec_from_file_location("bench_ingest", Path(__file__).with_name("ingest.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bi = _load_bench_ingest()
 HOST = bi.HOST
 TENANT = "bench"
 TOOL = "create_refund"
@@ -304,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--database-url: {db_name!r} would be emptied; its name must contain 'bench'")
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, bi._interrupted)
+    signal.signal(signal.SIGTERM, bi.interrupted)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     prefix = f"lb-{seed:08x}"
     env = bi.server_env(argparse.Namespace(database_url=args.database_url, redis_url=""))

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.util
 import multiprocessing as mp
 import random
 import sys
@@ -45,9 +44,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-_spec = importlib.util.spec_from_file_location("bench_ingest", ROOT / "bench" / "ingest.py")
-rest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rest)  # bench/ingest.py: database, server and CPU helpers
+from bench import harness as rest  # noqa: E402 - database, server and CPU helpers
 
 HOST = rest.HOST
 TENANT = "bench"
