@@ -392,8 +392,8 @@ def generate(url: str, *, runs: int, other_runs: int, calls: int, seed: int) -> 
             """
         )
         conn.execute(
-            "INSERT INTO ingest_runcursor (run_id, position, processed, engine_state, updated_at) "
-            "SELECT id, events_count, events_count, NULL, last_event_at FROM ingest_run"
+            "INSERT INTO ingest_runcursor (run_id, position, processed, engine_state, updated_at, failures, error) "
+            "SELECT id, events_count, events_count, NULL, last_event_at, 0, '' FROM ingest_run"
         )
         # The ledger: every traced write is an operation; 1 in 150 is still UNKNOWN (timed out).
         conn.execute(
@@ -401,13 +401,13 @@ def generate(url: str, *, runs: int, other_runs: int, calls: int, seed: int) -> 
             INSERT INTO ingest_operation (tenant_id, operation_key, tool, fingerprint, args, status,
                 lease_owner, attempts, external_request_id, result_json, result_digest, error_class,
                 source, run_id, call_id, step_id, executions, needs_person, reconcile_attempts,
-                next_reconcile_at, unknown_since, created_at, updated_at)
+                next_reconcile_at, unknown_since, created_at, updated_at, attempt_id, unverified)
             SELECT r.tenant_id, c.operation_key, c.tool, md5(c.operation_key) || md5(c.tool),
                 c.args, CASE WHEN c.id % 150 = 0 THEN 'UNKNOWN' ELSE 'SUCCEEDED' END, '', 1, '',
                 CASE WHEN c.id % 150 = 0 THEN NULL ELSE '{"ok": true}' END, '', '', 'trace', r.id,
                 c.call_id, '', 1, c.id % 600 = 0, c.id % 7,
                 CASE WHEN c.id % 150 = 0 THEN c.ts + interval '15 minutes' END,
-                CASE WHEN c.id % 150 = 0 THEN c.ts END, c.ts, c.ts
+                CASE WHEN c.id % 150 = 0 THEN c.ts END, c.ts, c.ts, '', false
             FROM ingest_toolcall c JOIN ingest_run r ON r.id = c.run_id
             WHERE c.kind = 'write'
             """
