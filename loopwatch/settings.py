@@ -225,6 +225,24 @@ def _reconciler_headers(value: dict) -> dict:
 LOOPWATCH_RECONCILER_HEADERS = _reconciler_headers(_env_json("LOOPWATCH_RECONCILER_HEADERS", {}))
 # Hosts (names or addresses) a reconciler may ask although they are private, loopback or link-local.
 LOOPWATCH_RECONCILER_ALLOWED_HOSTS = env_list("LOOPWATCH_RECONCILER_ALLOWED_HOSTS", [])
+# Hosts (names or addresses) a notification rule's webhook may reach although they are private,
+# loopback or link-local (docs/operators.md).
+LOOPWATCH_NOTIFY_ALLOW_HOSTS = env_list("LOOPWATCH_NOTIFY_ALLOW_HOSTS", [])
+# The address of this installation, for the links notifications carry ("" : relative links).
+LOOPWATCH_PUBLIC_URL = env_str("LOOPWATCH_PUBLIC_URL").rstrip("/")
+# Notification e-mail goes through Django's mail backend: SMTP when EMAIL_HOST is set, else the console.
+EMAIL_HOST = env_str("EMAIL_HOST")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "loopwatch@localhost")
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
 # Days to keep finished operations, per tool, "default" for the rest.
 LOOPWATCH_LEDGER_TTL_DAYS = _env_json("LOOPWATCH_LEDGER_TTL_DAYS", {"default": 30})
 if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DAYS.values()):
