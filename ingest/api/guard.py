@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 from django.conf import settings
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.views import APIView
@@ -22,6 +23,7 @@ from ingest.guard import (
     call_check,
     run_handoff_answer,
 )
+from ingest.incidents import guard_answer_record
 from ingest.ledger import DEFAULT_LEASE_S, MAX_LEASE_S
 from ingest.models import ApiKey, Run
 from ingest.schema import TOOL_KINDS, EventError, check_ts, find_nul, validate_event
@@ -217,7 +219,11 @@ class RunCheckApi(APIView):
         except CallRefused as exc:
             code = "permission_denied" if exc.status == 403 else "invalid"
             raise ApiError(exc.status, code, str(exc), field=exc.field) from None
-        return HttpResponse(orjson.dumps(answer.as_dict()), content_type="application/json")
+        body = answer.as_dict()
+        # What reached the agent: this run uses the guard, and the intervention this answer carries
+        # (shown on the incident and the run's page beside what was only recorded from traces).
+        guard_answer_record(tenant_id=request.user.tenant.pk, run_id=run_id, answer=body, now=timezone.now())
+        return HttpResponse(orjson.dumps(body), content_type="application/json")
 
 
 class HandoffAnswerInput(FlatInput):

@@ -32,7 +32,9 @@ def _process(tenant, events: list[dict]) -> Run:
 def test_a_problem_escalating_is_one_incident_with_its_steps(tenant):
     run = _process(tenant, _loop("esc", 12))
     actions = list(
-        Detection.objects.filter(run=run, kind="exact_repeat").exclude(action="observe").values_list("action", flat=True)
+        Detection.objects.filter(run=run, kind="exact_repeat")
+        .exclude(action="observe")
+        .values_list("action", flat=True)
     )
     assert len(actions) >= 3 and actions[-1] == "terminate", actions  # the loop escalated to the end
     incident = Incident.objects.get(run=run)
@@ -141,4 +143,3 @@ def test_a_terminated_runs_check_delivers_its_stored_terminate(tenant):
         now=timezone.now(),
     )
     assert list(GuardDelivery.objects.filter(run=run).values_list("action", flat=True)) == ["terminate"]
-
