@@ -131,6 +131,7 @@ def test_the_page_lists_the_users_incidents_only(client, loops, tenant):
     assert f'href="/runs/{mine.run_id}/#incidents"' in page
     assert f'href="/alerts/incidents/{incident.pk}/"' in page
     assert "theirs-1" not in page and "claude" not in page
+    assert f'id="incident-{Incident.objects.get(run_id=theirs.run_id).pk}"' not in page
     # a viewer sees the verdicts but gets no form to give one
     assert 'class="mark"' not in page.split('<template id="alert-row">')[0]
     config = re.search(r'<script id="alerts-config" type="application/json">(.*?)</script>', page, re.S)
