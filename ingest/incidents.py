@@ -372,3 +372,8 @@ def reached_summary(*, run: Run, deliveries: list[StepDelivery]) -> str:
     if missed:
         parts.append("only recorded from traces (no check answered it): " + ", ".join(dict.fromkeys(missed)))
     return "; ".join(parts)
+
+
+def delivered_keys(*, run: Run) -> set[tuple[str, str, str]]:
+    """(kind, signature, action) of the run's interventions a guard check answered with."""
+    return set(GuardDelivery.objects.filter(run=run).values_list("kind", "signature", "action"))

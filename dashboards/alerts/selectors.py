@@ -207,7 +207,12 @@ def backends_seen(*, tenant_ids: list[int]) -> list[str]:
 # --- incidents -------------------------------------------------------------------------------------
 
 PAGE_INCIDENTS = 50  # rows on a page; "older incidents" pages on by id
-RANGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+RANGES = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
 
 
 @dataclass(frozen=True)
@@ -243,7 +248,9 @@ class IncidentFilters:
 
     def socket_query(self) -> dict[str, str]:
         """What the live socket filters alerts on (the status and range are the page's)."""
-        return {k: v for k, v in {"kind": self.kind, "backend": self.backend, "action": self.action}.items() if v}
+        return {
+            k: v for k, v in {"kind": self.kind, "backend": self.backend, "action": self.action}.items() if v
+        }
 
     def as_query(self) -> dict[str, str]:
         return {k: v for k, v in vars(self).items() if v}
@@ -271,9 +278,7 @@ def _incident_rows(incidents: list[Incident]) -> list[dict[str, Any]]:
     reached = _reached(incidents)
     return [
         {
-            **incident_payload(
-                i, run=i.run, verdict_by=i.verdict_by.get_username() if i.verdict_by else ""
-            ),
+            **incident_payload(i, run=i.run, verdict_by=i.verdict_by.get_username() if i.verdict_by else ""),
             "reached": reached[i.pk],
         }
         for i in incidents
@@ -300,18 +305,25 @@ def incident_list(
 
 
 def incidents_of_run(*, run: Run) -> list[dict[str, Any]]:
-    return _incident_rows(list(Incident.objects.filter(run=run).select_related("run", "verdict_by").order_by("pk")))
+    return _incident_rows(
+        list(Incident.objects.filter(run=run).select_related("run", "verdict_by").order_by("pk"))
+    )
 
 
 def latest_incident_id(*, tenant_ids: list[int]) -> int:
     if not tenant_ids:
         return 0
-    return Incident.objects.filter(tenant_id__in=tenant_ids).order_by("-pk").values_list("pk", flat=True).first() or 0
+    return (
+        Incident.objects.filter(tenant_id__in=tenant_ids).order_by("-pk").values_list("pk", flat=True).first()
+        or 0
+    )
 
 
 def incident_for_user(*, user, pk: int) -> Incident | None:
     tenant_ids = user_tenant_ids(user=user)
-    return Incident.objects.filter(pk=pk, tenant_id__in=tenant_ids).select_related("run", "verdict_by").first()
+    return (
+        Incident.objects.filter(pk=pk, tenant_id__in=tenant_ids).select_related("run", "verdict_by").first()
+    )
 
 
 def incident_detail(*, incident: Incident) -> dict[str, Any]:

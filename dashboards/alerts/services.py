@@ -119,12 +119,19 @@ def incident_verdict_set(
     else:
         if verdict not in Detection.Feedback.values:
             raise ValueError(f"verdict: must be one of {', '.join(Detection.Feedback.values)} or {CLEAR}")
-        values = {"feedback": verdict, "feedback_note": note.strip()[:NOTE_MAX_CHARS], "feedback_by": user, "feedback_at": now}
+        values = {
+            "feedback": verdict,
+            "feedback_note": note.strip()[:NOTE_MAX_CHARS],
+            "feedback_by": user,
+            "feedback_at": now,
+        }
         incident.status = Incident.Status.RESOLVED
     incident.verdict, incident.verdict_note = values["feedback"], values["feedback_note"]
     incident.verdict_by, incident.verdict_at = values["feedback_by"], values["feedback_at"]
     with transaction.atomic():
-        incident.save(update_fields=["status", "verdict", "verdict_note", "verdict_by", "verdict_at", "updated_at"])
+        incident.save(
+            update_fields=["status", "verdict", "verdict_note", "verdict_by", "verdict_at", "updated_at"]
+        )
         detections = Detection.objects.filter(
             run_id=incident.run_id, kind=incident.kind, signature=incident.signature
         ).filter(ALERT_Q)
@@ -143,6 +150,8 @@ def _verdict_publish(*, tenant_id: int, payload: IncidentVerdict) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(alerts_group(tenant_id), {"type": VERDICT_MESSAGE, "verdict": payload})
+        async_to_sync(layer.group_send)(
+            alerts_group(tenant_id), {"type": VERDICT_MESSAGE, "verdict": payload}
+        )
     except Exception:  # the verdict is stored; open pages see it on their next load
         logger.exception("publishing the verdict on incident %s failed", payload["id"])

@@ -61,7 +61,9 @@ def _when(value: str) -> str:
     return value[:ROW_WHEN].replace("T", " ")
 
 
-def _incident_row(incident: dict[str, Any], *, tenants: dict[int, str], can_mark: list[int]) -> dict[str, Any]:
+def _incident_row(
+    incident: dict[str, Any], *, tenants: dict[int, str], can_mark: list[int]
+) -> dict[str, Any]:
     """An incident as the row template shows it (the page's script fills the same fields live)."""
     verdict = incident.get("verdict", "")
     return {
@@ -99,9 +101,7 @@ def index(request: HttpRequest) -> HttpResponse:
     # The socket's starting point is read before the list: an alert committed in between comes
     # twice (the page keeps one row per incident), never not at all.
     after = latest_alert_id(tenant_ids=tenant_ids)
-    incidents, more = incident_list(
-        tenant_ids=tenant_ids, filters=filters, before=before, now=timezone.now()
-    )
+    incidents, more = incident_list(tenant_ids=tenant_ids, filters=filters, before=before, now=timezone.now())
     can_mark = feedback_tenant_ids(user=request.user)
     rows = [_incident_row(i, tenants=tenants, can_mark=can_mark) for i in incidents]
     older = {**filters.as_query(), "before": str(incidents[-1]["id"])} if more else None
@@ -179,7 +179,9 @@ def verdict(request: HttpRequest, pk: int) -> HttpResponse:
         return HttpResponse(detail, status=403, content_type="text/plain; charset=utf-8")
     named = request.POST.get("incident", "")
     if not named:
-        return _bad_request(request, "incident", "incident: the id of the incident shown is required", as_json=as_json)
+        return _bad_request(
+            request, "incident", "incident: the id of the incident shown is required", as_json=as_json
+        )
     if named != str(found.pk):
         detail = (
             f"incident: this verdict names incident {named[:20]!r}, but was sent for incident {found.pk}: "
