@@ -83,7 +83,7 @@
     const first = fill(row, "first_seen", when(incident.first_seen).slice(11));
     first.setAttribute("datetime", incident.first_seen);
     first.title = `began ${when(incident.first_seen)} UTC`;
-    fill(row, "first_day", when(incident.first_seen).slice(0, 10));
+    fill(row, "first_day", when(incident.first_seen).slice(5, 10));
     const action = fill(row, "action", incident.shadow ? SHADOW[incident.shadow] || incident.shadow : incident.action);
     action.className = `pill act-${incident.action}${incident.shadow ? " shadow" : ""}`;
     fill(row, "kind", incident.kind);
