@@ -4,7 +4,10 @@ from ingest.models import (
     ApiKey,
     Backend,
     Detection,
+    Incident,
     ModelPrice,
+    NotificationDelivery,
+    NotificationRule,
     Operation,
     OperationTransition,
     Reconciler,
@@ -135,3 +138,45 @@ class ReconcilerAdmin(admin.ModelAdmin):
     ]
     list_filter = ["tenant"]
     search_fields = ["tool", "url_template"]
+
+
+@admin.register(Incident)
+class IncidentAdmin(admin.ModelAdmin):
+    """Read only: incidents are written by the detection pass, verdicts on the pages."""
+
+    list_display = ["id", "tenant", "run", "kind", "action", "alerts", "status", "verdict", "last_seen"]
+    list_filter = ["tenant", "kind", "action", "status"]
+    list_select_related = ["tenant", "run"]
+    raw_id_fields = ["run", "verdict_by"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class NotificationDeliveryInline(admin.TabularInline):
+    model = NotificationDelivery
+    fields = ["incident", "action", "test", "status", "status_code", "attempts", "error", "created_at"]
+    readonly_fields = fields
+    raw_id_fields = ["incident"]
+    extra = 0
+    can_delete = False
+    ordering = ["-id"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(NotificationRule)
+class NotificationRuleAdmin(admin.ModelAdmin):
+    """Tenant admins keep their rules at /notifications/ (the URL is checked there); here staff see them."""
+
+    list_display = ["name", "tenant", "channel", "enabled", "actions", "kinds"]
+    list_filter = ["tenant", "channel", "enabled"]
+    readonly_fields = ["url", "secret", "emails", "channel", "tenant"]
+    inlines = [NotificationDeliveryInline]
+
+    def has_add_permission(self, request) -> bool:
+        return False

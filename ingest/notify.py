@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+from celery import Task, current_app
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
@@ -35,6 +36,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ingest.downstream import Refused, downstream_fetch, url_target
+from ingest.events import TASK_INCIDENTS_NOTIFY, TASK_NOTIFICATION_DELIVER
 from ingest.incidents import incident_payload
 from ingest.models import Incident, NotificationDelivery, NotificationRule
 
@@ -53,10 +55,10 @@ LOG_MAX = 20  # attempts kept in a delivery's log
 def incidents_notify_enqueue(*, incident_ids: list[int]) -> None:
     """Queue the notification of these incidents (after the pass's commit). A broker away loses
     nothing the next escalation would not carry; the incident's page still shows it."""
-    from ingest.tasks import incidents_notify  # the tasks module imports the services
-
     try:
-        incidents_notify.delay(incident_ids=sorted(set(incident_ids)), ts=timezone.now().isoformat())
+        _task(TASK_INCIDENTS_NOTIFY).delay(
+            incident_ids=sorted(set(incident_ids)), ts=timezone.now().isoformat()
+        )
     except Exception:
         logger.exception("queueing notifications of %d incidents failed", len(incident_ids))
 
@@ -89,10 +91,14 @@ def notification_body(*, rule: NotificationRule, incident: dict[str, Any], test:
     }
 
 
-def _deliver_later(delivery_id: int, *, countdown: float = 0) -> None:
-    from ingest.tasks import notification_deliver
+def _task(name: str) -> Task:
+    """A task of ingest.tasks by its registered name: the tasks call these services, so the services
+    do not import the tasks (as ingest.services.pipeline does)."""
+    return current_app.tasks[name]
 
-    notification_deliver.apply_async(kwargs={"delivery_id": delivery_id}, countdown=countdown)
+
+def _deliver_later(delivery_id: int, *, countdown: float = 0) -> None:
+    _task(TASK_NOTIFICATION_DELIVER).apply_async(kwargs={"delivery_id": delivery_id}, countdown=countdown)
 
 
 def incidents_notify_create(*, incident_ids: list[int]) -> int:
