@@ -24,6 +24,7 @@ import hmac
 import http.client
 import logging
 import time
+from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
@@ -103,24 +104,22 @@ def _deliver_later(delivery_id: int, *, countdown: float = 0) -> None:
 
 def incidents_notify_create(*, incident_ids: list[int]) -> int:
     """Create the deliveries of these incidents' current step for every matching rule; returns how many."""
+    incidents = list(
+        Incident.objects.filter(pk__in=incident_ids)
+        .exclude(action="observe")  # a kind in shadow acts on nothing, and notifies nothing
+        .select_related("run", "verdict_by")
+    )
+    rules_of: dict[int, list[NotificationRule]] = defaultdict(list)
+    for rule in NotificationRule.objects.filter(tenant_id__in={i.tenant_id for i in incidents}, enabled=True):
+        rules_of[rule.tenant_id].append(rule)
     created = 0
-    incidents = Incident.objects.filter(pk__in=incident_ids).select_related("run", "verdict_by")
-    rules_of: dict[int, list[NotificationRule]] = {}
     for incident in incidents:
-        if incident.action == "observe":
-            continue  # a kind in shadow acts on nothing, and notifies nothing
-        if incident.tenant_id not in rules_of:
-            rules_of[incident.tenant_id] = list(
-                NotificationRule.objects.filter(tenant_id=incident.tenant_id, enabled=True)
-            )
-        payload = incident_payload(
-            incident,
-            run=incident.run,
-            verdict_by=incident.verdict_by.get_username() if incident.verdict_by else "",
-        )
-        for rule in rules_of[incident.tenant_id]:
-            if not rule_matches(rule, incident):
-                continue
+        matching = [rule for rule in rules_of[incident.tenant_id] if rule_matches(rule, incident)]
+        if not matching:
+            continue
+        verdict_by = incident.verdict_by.get_username() if incident.verdict_by else ""
+        payload = incident_payload(incident, run=incident.run, verdict_by=verdict_by)
+        for rule in matching:
             try:
                 with transaction.atomic():
                     delivery = NotificationDelivery.objects.create(
@@ -133,7 +132,13 @@ def incidents_notify_create(*, incident_ids: list[int]) -> int:
                 continue  # this step was notified to this rule already
             created += 1
             transaction.on_commit(lambda pk=delivery.pk: _deliver_later(pk))
-        Incident.objects.filter(pk=incident.pk).update(notified_action=incident.action)
+    # Per action, and only while it is still the incident's: a step reached since is notified by the
+    # task its pass queues.
+    by_action: dict[str, list[int]] = defaultdict(list)
+    for incident in incidents:
+        by_action[incident.action].append(incident.pk)
+    for action, pks in by_action.items():
+        Incident.objects.filter(pk__in=pks, action=action).update(notified_action=action)
     return created
 
 
