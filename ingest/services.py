@@ -995,6 +995,7 @@ def _runs_pass(
     lock_wait_s: on PostgreSQL, waiting for a lock longer than this raises (LockNotAvailable).
     """
     limit = chunk if len(order) <= 1 else max(chunk // len(order), RUN_CHUNK_MIN)
+    started = time.perf_counter()
     with transaction.atomic():
         if lock_wait_s is not None and connection.vendor == "postgresql":
             with connection.cursor() as cursor:
@@ -1028,6 +1029,7 @@ def _runs_pass(
         alerts_publish_all(alerts=outcome.alerts)
     runs, events = outcome.runs, outcome.events
     processed = sum(len(events[run.pk]) for run in runs)
+    metrics.detection_pass(seconds=time.perf_counter() - started, runs=len(runs), events=processed)
     return processed, [run.pk for run in runs if len(events[run.pk]) >= limit], outcome.skipped
 
 
@@ -1478,6 +1480,8 @@ def alerts_publish_all(*, alerts: list[tuple[int, dict]]) -> None:
         async_to_sync(send)()
     except Exception:  # a broken channel layer must not undo stored detections
         logger.exception("publishing %d alerts failed", len(alerts))
+    else:
+        metrics.alerts_published(alerts)
 
 
 def _materialize(
