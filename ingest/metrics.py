@@ -32,6 +32,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from ingest.detection.policy import ACTIONS as POLICY_ACTIONS
+
 OTHER = "other"  # the label value of everything past the bound
 
 logger = logging.getLogger(__name__)
@@ -244,7 +246,7 @@ PASS_EVENTS = Counter("loopwatch_detection_events", "Events processed by detecti
 ALERTS = Counter(
     "loopwatch_alerts_published", "Alerts (detections) published to the live pages, by action.", ("action",)
 )
-ACTIONS = frozenset({"observe", "correct", "handoff", "terminate", "allow", "reuse"})
+ACTIONS = frozenset(POLICY_ACTIONS)
 
 
 def detection_pass(*, seconds: float, runs: int, events: int) -> None:
@@ -462,3 +464,23 @@ def _database_figures() -> tuple[int, float, dict[str, int], int]:
             oldest = timezone.make_aware(oldest, UTC)
     lag = max(0.0, (now - oldest).total_seconds()) if waiting and oldest is not None else 0.0
     return int(waiting or 0), lag, states, needs_person
+
+
+# --- series that exist before their first count ----------------------------------------------------
+# A series appears when first counted; until then rate() over it is empty and an alert on it cannot
+# fire. Those whose label values are known here start at 0 (the tenant ones as OTHER).
+LIMITS = tuple(
+    f"{owner}.{field}"
+    for owner in ("tenant", "key")
+    for field in ("events_per_s", "events_per_day", "checks_per_s")
+)
+for _counter in (DEDUPE_HIT, PAYLOAD_CONFLICT, LEASE_CONTENTION, UNKNOWN_OUTCOME, COMPENSATION):
+    _counter.labels(tool=OTHER)
+for _limit in LIMITS:
+    RATE_LIMITED.labels(tenant=OTHER, limit=_limit)
+for _action in ACTIONS:
+    ALERTS.labels(action=_action)
+for _decision in DECISIONS:
+    GUARD_ANSWERS.labels(decision=_decision)
+for _outcome in ("accepted", "duplicate"):
+    EVENTS.labels(tenant=OTHER, outcome=_outcome, reason="")
