@@ -110,6 +110,7 @@ def quota_take(*, key, what: What, cost: int = 1) -> None:
     limit, wait_s = refused
     owner = f"tenant {key.tenant.slug}" if limit.name.startswith("tenant.") else f"API key {key.prefix}…"
     metrics.rate_limited(limit=limit.name, tenant=key.tenant)
+    logger.info("429 for tenant %s, key %s…: over %s", key.tenant.slug, key.prefix, limit.name)
     raise OverLimit(limit, max(1, math.ceil(wait_s)), cost=cost, what=what, owner=owner)
 
 

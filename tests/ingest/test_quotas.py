@@ -339,3 +339,37 @@ def _wait_for(server: subprocess.Popen, url: str, log) -> None:
         except (OSError, urllib.error.URLError):
             pass
         time.sleep(0.2)
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_and_edits_the_limits_of_a_tenant_and_a_key(admin_client, settings, tenant, make_key):
+    settings.LOOPWATCH_TENANT_EVENTS_PER_DAY = 5000
+    key = key_of(make_key(tenant))
+    page = admin_client.get(f"/admin/ingest/tenant/{tenant.pk}/change/").content.decode()
+    assert 'name="events_per_s"' in page and 'name="checks_per_s"' in page
+    assert "events_per_day=5000 (default)" in page  # the limits in force, the default filled in
+    changed = admin_client.post(
+        f"/admin/ingest/tenant/{tenant.pk}/change/",
+        {"slug": "acme", "name": "", "events_per_s": "300", "events_per_day": "", "checks_per_s": "0"},
+    )
+    assert changed.status_code == 302, changed.content.decode()[:2000]
+    tenant.refresh_from_db()
+    assert (tenant.events_per_s, tenant.events_per_day, tenant.checks_per_s) == (300, None, 0)
+    assert "events_per_s=300" in admin_client.get("/admin/ingest/tenant/").content.decode()
+
+    page = admin_client.get(f"/admin/ingest/apikey/{key.pk}/change/").content.decode()
+    assert 'name="events_per_s"' in page
+    changed = admin_client.post(
+        f"/admin/ingest/apikey/{key.pk}/change/",
+        {
+            "tenant": tenant.pk,
+            "name": "",
+            "scopes": '["ingest"]',
+            "events_per_s": "50",
+            "events_per_day": "",
+            "checks_per_s": "5",
+        },
+    )
+    assert changed.status_code == 302, changed.content.decode()[:2000]
+    key.refresh_from_db()
+    assert (key.events_per_s, key.events_per_day, key.checks_per_s) == (50, None, 5)
