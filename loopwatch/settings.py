@@ -164,7 +164,11 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 # Without a socket timeout a synchronous command on a broker that vanished without closing the
 # connection (failover, a firewall's idle timeout) waits forever, in the worker's main process too.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 10}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_timeout": 10,
+    "socket_connect_timeout": 5,
+    "health_check_interval": 10,
+}
 # Runs whose enqueue was lost (Redis away at commit time, a task killed after taking them) are found
 # by detect_sweep: every worker sends it this often, one worker of all each time (loopwatch.celery),
 # and beat too, so that losing beat delays nothing by more than this (docs/operations.md).
