@@ -312,7 +312,7 @@ def notification_delivery(*, channel: str, outcome: str, tenant_id: int = 0) -> 
 # --- HTTP ----------------------------------------------------------------------------------------
 HTTP_RESPONSES = Counter(
     "loopwatch_http_responses",
-    "HTTP answers by status class (2xx … 5xx) and view (its URL name; pages other than the API as page).",
+    "HTTP answers by status class (2xx … 5xx) and view (its URL name).",
     ("view", "status"),
 )
 

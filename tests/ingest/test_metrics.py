@@ -217,3 +217,50 @@ def test_detection_lag_counts_runs_behind_from_their_oldest_unprocessed_event(te
     assert states["UNKNOWN"] == 0
     run_process(run_pk=tenant.runs.get().pk)
     assert metrics._database_figures()[:2] == (0, 0.0)
+
+
+MULTIPROCESS_CHILD = """
+import django
+django.setup()
+from ingest import metrics
+from ingest.models import Tenant
+metrics.events_refused(tenant=Tenant(pk=1, slug="acme"), count=5, reason="rate_limited")
+metrics.ingest_batch_timed("rest", 0.02)
+"""
+MULTIPROCESS_SCRAPE = """
+import django
+django.setup()
+from ingest import metrics
+print(metrics.exposition()[0].decode())
+"""
+
+
+def test_several_processes_add_up_in_multiprocess_mode(tmp_path):
+    """Two processes count (as two uvicorn workers would), a third answers the scrape: the figures
+    are the sum of both."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "LOOPWATCH_METRICS_TENANTS": "acme",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    }
+    env.pop("DATABASE_URL", None)  # no database: the gauges read when scraped are left out
+    env.pop("REDIS_URL", None)
+    children = [
+        subprocess.Popen([sys.executable, "-c", MULTIPROCESS_CHILD], cwd=ROOT, env=env) for _ in range(2)
+    ]
+    assert [child.wait(timeout=120) for child in children] == [0, 0]
+    text = subprocess.run(
+        [sys.executable, "-c", MULTIPROCESS_SCRAPE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert 'loopwatch_events_total{outcome="rejected",reason="rate_limited",tenant="acme"} 10.0' in text
+    assert 'loopwatch_ingest_batch_seconds_count{transport="rest"} 2.0' in text
