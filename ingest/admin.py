@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 
 from ingest.models import (
@@ -17,19 +18,68 @@ from ingest.models import (
     ToolConfig,
 )
 
+QUOTAS = ("events_per_s", "events_per_day", "checks_per_s")
+QUOTAS_HELP = (
+    "Over a limit, a request is answered 429 with Retry-After, naming the limit (docs/limits.md). "
+    "A key's limits hold beside its tenant's."
+)
+
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "limits", "created_at"]
     search_fields = ["slug", "name"]
+    readonly_fields = ["limits", "created_at"]
+    fieldsets = [
+        (None, {"fields": ["slug", "name", "created_at"]}),
+        ("Rate limits and quotas", {"fields": [*QUOTAS, "limits"], "description": QUOTAS_HELP}),
+    ]
+
+    @admin.display(description="limits in force")
+    def limits(self, tenant: Tenant) -> str:
+        """What holds, the LOOPWATCH_TENANT_* defaults filled in."""
+        parts = []
+        for field in QUOTAS:
+            value = getattr(tenant, field)
+            source = ""
+            if value is None:
+                value, source = getattr(settings, f"LOOPWATCH_TENANT_{field.upper()}"), " (default)"
+            parts.append(f"{field}={value or 'none'}{source}")
+        return ", ".join(parts)
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "tenant", "name", "scopes", "created_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "prefix",
+        "tenant",
+        "name",
+        "scopes",
+        *QUOTAS,
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["tenant"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
-    fields = ["tenant", "name", "scopes", "prefix", "key_hash", "created_at", "last_used_at", "revoked_at"]
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "tenant",
+                    "name",
+                    "scopes",
+                    "prefix",
+                    "key_hash",
+                    "created_at",
+                    "last_used_at",
+                    "revoked_at",
+                ]
+            },
+        ),
+        ("Rate limits and quotas", {"fields": list(QUOTAS), "description": QUOTAS_HELP}),
+    ]
 
     def has_add_permission(self, request) -> bool:
         # A key is shown once when made: `manage.py create_api_key`, not a form that cannot show it.

@@ -11,9 +11,29 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+UNSET = "Empty: the LOOPWATCH_TENANT_* default on a tenant, none on a key. 0: no limit."
 
-class Tenant(models.Model):
-    """Who owns runs: the unit of access control."""
+
+class Quotas(models.Model):
+    """Rate limits and quotas (ingest.quotas): on a tenant, empty takes the LOOPWATCH_TENANT_*
+    setting; on a key, empty is no limit of the key's own. 0 is no limit."""
+
+    events_per_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Events a second, REST, WebSocket and OTLP spans together. " + UNSET
+    )
+    events_per_day = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Events a UTC day. " + UNSET
+    )
+    checks_per_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Guard checks a second. " + UNSET
+    )
+
+    class Meta:
+        abstract = True
+
+
+class Tenant(Quotas):
+    """Who owns runs: the unit of access control, and of quotas."""
 
     slug = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200, blank=True)
@@ -23,8 +43,9 @@ class Tenant(models.Model):
         return self.slug
 
 
-class ApiKey(models.Model):
-    """A bearer key of one tenant. Only the sha256 of the key is stored."""
+class ApiKey(Quotas):
+    """A bearer key of one tenant. Only the sha256 of the key is stored. Its quotas hold beside
+    the tenant's (both must allow a request)."""
 
     class Scope(models.TextChoices):
         INGEST = "ingest"

@@ -36,6 +36,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ingest import metrics
 from ingest.downstream import Refused, downstream_fetch, url_target
 from ingest.events import TASK_INCIDENTS_NOTIFY, TASK_NOTIFICATION_DELIVER
 from ingest.incidents import incident_payload
@@ -180,6 +181,12 @@ def delivery_attempt(delivery: NotificationDelivery, *, now: datetime | None = N
     delivery.status, delivery.status_code, delivery.error = status, code, error
     delivery.sent_at = now if ok else delivery.sent_at
     delivery.save(update_fields=["log", "status", "status_code", "error", "sent_at"])
+    outcome = {NotificationDelivery.Status.SENT: "sent", NotificationDelivery.Status.RETRYING: "failed"}
+    metrics.notification_delivery(
+        channel=delivery.rule.channel,
+        outcome=outcome.get(status, "dropped"),
+        tenant_id=delivery.rule.tenant_id,
+    )
     return status
 
 

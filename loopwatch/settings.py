@@ -50,6 +50,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: counts every answer, the 500s and 503s of the middleware below included.
+    "ingest.metrics.ResponsesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "loopwatch.security.ContentSecurityPolicyMiddleware",
     # Serves static files from the ASGI server itself: no separate web server needed.
@@ -268,6 +270,14 @@ LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
 LOOPWATCH_METRICS_PUBLIC = env_bool("LOOPWATCH_METRICS_PUBLIC", DEBUG and not DATABASE_URL)
 # Distinct tool names a process labels its metrics with; the rest are counted as "other".
 LOOPWATCH_METRICS_MAX_TOOLS = env_int("LOOPWATCH_METRICS_MAX_TOOLS", 50, minimum=1)
+# Tenants (slugs) whose metrics carry their slug as the `tenant` label; the others are "other".
+LOOPWATCH_METRICS_TENANTS = frozenset(env_list("LOOPWATCH_METRICS_TENANTS", []))
+# Rate limits and quotas of a tenant that sets none of its own (ingest.quotas, docs/limits.md); 0: none.
+LOOPWATCH_TENANT_EVENTS_PER_S = env_int("LOOPWATCH_TENANT_EVENTS_PER_S", 0, minimum=0)
+LOOPWATCH_TENANT_EVENTS_PER_DAY = env_int("LOOPWATCH_TENANT_EVENTS_PER_DAY", 0, minimum=0)
+LOOPWATCH_TENANT_CHECKS_PER_S = env_int("LOOPWATCH_TENANT_CHECKS_PER_S", 0, minimum=0)
+# Seconds' worth of a rate a tenant or key may send at once after a quiet while (the bucket's size).
+LOOPWATCH_RATE_BURST_S = env_int("LOOPWATCH_RATE_BURST_S", 2, minimum=1)
 # Live alerts sockets one user may hold open at once (each joins groups and polls); more → 4429.
 LOOPWATCH_ALERT_SOCKETS_PER_USER = env_int("LOOPWATCH_ALERT_SOCKETS_PER_USER", 10, minimum=1)
 # Seconds an API key stays cached in a server process: revoking takes effect in the revoking

@@ -383,6 +383,7 @@ def _runs_pass(
     lock_wait_s: on PostgreSQL, waiting for a lock longer than this raises (LockNotAvailable).
     """
     limit = chunk if len(order) <= 1 else max(chunk // len(order), RUN_CHUNK_MIN)
+    started = time.perf_counter()
     with transaction.atomic():
         if lock_wait_s is not None and connection.vendor == "postgresql":
             with connection.cursor() as cursor:
@@ -414,6 +415,7 @@ def _runs_pass(
         alerts_publish_all(alerts=outcome.alerts)
     runs, events = outcome.runs, outcome.events
     processed = sum(len(events[run.pk]) for run in runs)
+    metrics.detection_pass(seconds=time.perf_counter() - started, runs=len(runs), events=processed)
     return processed, [run.pk for run in runs if len(events[run.pk]) >= limit], outcome.skipped
 
 
