@@ -84,3 +84,15 @@ def otlp_parked_sweep() -> int:
         max_age_s=settings.LOOPWATCH_OTLP_PARK_S, max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES
     )
     return placed + dropped
+
+
+@shared_task(name="ingest.retention_apply", soft_time_limit=840, time_limit=900)
+def retention_apply(now: str | None = None) -> list[str]:
+    """Partitions ahead, the day's block of run ids, then what retention removes (ingest.retention).
+    Harmless twice or concurrently. `now`: ISO time of the pass (beat sends none: the clock's)."""
+    from datetime import datetime
+
+    from ingest.retention import retention_apply as apply
+
+    report = apply(now=datetime.fromisoformat(now) if now else timezone.now())
+    return report.lines()

@@ -166,6 +166,9 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-reconcile": {"task": "ingest.ledger_reconcile", "schedule": 15.0},
     "ledger-purge": {"task": "ingest.ledger_purge", "schedule": 3600.0},
     "otlp-parked-sweep": {"task": "ingest.otlp_parked_sweep", "schedule": 60.0},
+    # Partitions made ahead, the day's run id block, then what retention removes (docs/retention.md).
+    "retention": {"task": "ingest.retention_apply", "schedule": 3600.0},
+    "overview-rollup-purge": {"task": "dashboards.overview_rollup_purge", "schedule": 3600.0},
     # The overview's hourly rollup: closed hours, and hours whose runs or detections changed since.
     "overview-rollup": {
         "task": "dashboards.overview_rollup",
@@ -230,6 +233,16 @@ LOOPWATCH_LEDGER_TTL_DAYS = _env_json("LOOPWATCH_LEDGER_TTL_DAYS", {"default": 3
 if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DAYS.values()):
     raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
 LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
+
+# --- retention (docs/retention.md) -------------------------------------------------
+# Days a run's events, model rounds and tool calls are kept after it ended (or went silent), for the
+# tenants without a retention of their own (Tenant.retention_days).
+LOOPWATCH_RETENTION_DAYS = env_int("LOOPWATCH_RETENTION_DAYS", 30, minimum=1)
+# Runs themselves (their figures, cursor and detections) stay longer; a tenant whose events are kept
+# longer keeps its runs at least as long.
+LOOPWATCH_RUN_RETENTION_DAYS = env_int("LOOPWATCH_RUN_RETENTION_DAYS", 400, minimum=1)
+# The overview's hourly rollups stay longer still: the charts of past years outlive their runs.
+LOOPWATCH_ROLLUP_RETENTION_DAYS = env_int("LOOPWATCH_ROLLUP_RETENTION_DAYS", 800, minimum=1)
 LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
 # Without a token, /metrics answers only in the embedded mode with DEBUG on (the Quickstart), or when
 # said explicitly (a scraper on a network that keeps others out).
