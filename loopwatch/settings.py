@@ -58,6 +58,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The dashboards' GETs read from DATABASE_REPLICA_URL when set (loopwatch/db/replica.py).
+    "loopwatch.db.replica.ReplicaReadsMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
@@ -105,6 +107,18 @@ else:
     }
     (BASE_DIR / "var").mkdir(exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# A streaming replica of DATABASE_URL's database: the dashboards' pages read from it
+# (loopwatch/db/replica.py says which reads, and how a person's own writes stay visible to them).
+DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL")
+# Seconds a browser that changed something on a page reads from the primary (read-your-writes).
+LOOPWATCH_REPLICA_PIN_S = env_int("LOOPWATCH_REPLICA_PIN_S", 10, minimum=0)
+if DATABASE_REPLICA_URL:
+    if not DATABASE_URL or not DATABASE_URL.startswith(("postgres", "pgsql")):
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL: needs a PostgreSQL DATABASE_URL (the primary)")
+    DATABASES["replica"] = database_from_url("DATABASE_REPLICA_URL", DATABASE_REPLICA_URL)
+    # Tests make no database of their own for it: it is the primary's (a copy of it).
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["loopwatch.db.replica.ReplicaRouter"]
 
 # Read after DATABASE_URL: without one (the embedded mode) a missing key is made, not refused.
 SECRET_KEY = env_str("SECRET_KEY")
