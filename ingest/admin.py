@@ -17,7 +17,7 @@ from ingest.models import (
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "retention_days", "created_at"]
     search_fields = ["slug", "name"]
 
 

@@ -91,16 +91,13 @@ def forward(apps, schema_editor) -> None:
     today = datetime.now(UTC).date()
     days = [today, date.fromordinal(today.toordinal() + 1)]
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute("SELECT COALESCE(max(id), 0) FROM ingest_run")
-        (last_run,) = cursor.fetchone()
-        if last_run >= _block(today):
-            raise RuntimeError(f"ingest_run holds run id {last_run}, past today's block {_block(today)}")
         for table in TABLES:
             _convert(cursor, table, _block(today), days)
-        # From now on today's runs take ids in today's block.
-        cursor.execute(
-            "SELECT setval(pg_get_serial_sequence('ingest_run', 'id'), %s)", [_block(today)]
-        )
+        # From now on today's runs take ids in today's block (forward only: rows of runs with ids past
+        # it, if any, went to the partition that holds them).
+        cursor.execute("SELECT pg_get_serial_sequence('ingest_run', 'id')")
+        (sequence,) = cursor.fetchone()
+        cursor.execute(f"SELECT setval(%s, GREATEST(last_value, %s)) FROM {sequence}", [sequence, _block(today)])
 
 
 def backward(apps, schema_editor) -> None:
