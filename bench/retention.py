@@ -120,20 +120,26 @@ def main() -> int:
             conn.execute(sql.format(name=parted, short="parted", pk="id, run_id"))
 
         figures: list[tuple[str, str]] = []
-        wal = _lsn(conn)
-        took_plain = _copy(conn, plain, rows)
-        wal_plain = _lsn(conn) - wal
-        wal = _lsn(conn)
-        took_parted = _copy(conn, parted, rows)
-        wal_parted = _lsn(conn) - wal
+        # Two rounds, the order swapped (the first writes into a cold cache and after a checkpoint),
+        # the tables emptied between: the better round of each.
+        took: dict[str, float] = {}
+        wal: dict[str, float] = {}
+        for order in ((plain, parted), (parted, plain)):
+            conn.execute(f"TRUNCATE {plain}, {parted}")
+            conn.execute("CHECKPOINT")
+            for table in order:
+                before = _lsn(conn)
+                seconds = _copy(conn, table, rows)
+                if seconds < took.get(table, float("inf")):
+                    took[table], wal[table] = seconds, (_lsn(conn) - before) / n
         figures.append(
-            ("COPY, plain table", f"{n / took_plain:,.0f} rows/s ({wal_plain / n:,.0f} B of WAL a row)")
+            ("COPY, plain table", f"{n / took[plain]:,.0f} rows/s ({wal[plain]:,.0f} B of WAL a row)")
         )
         figures.append(
             (
                 f"COPY, {args.days} daily partitions",
-                f"{n / took_parted:,.0f} rows/s ({wal_parted / n:,.0f} B of WAL a row): "
-                f"{took_plain / took_parted:.2f} x the plain table's rate",
+                f"{n / took[parted]:,.0f} rows/s ({wal[parted]:,.0f} B of WAL a row): "
+                f"{took[plain] / took[parted]:.2f} x the plain table's rate",
             )
         )
         conn.execute(f"ANALYZE {plain}")
@@ -141,10 +147,11 @@ def main() -> int:
         heap, index = _size(conn, parted)
         figures.append(("bytes an event takes", f"table {heap / n:,.0f}, indexes {index / n:,.0f}"))
 
-        # The dedupe lookup of a batch: 1,000 event ids of 20 runs of the newest day.
-        newest = [r for r in rows if r[1] // BLOCK == FIRST_DAY + args.days - 1]
-        sample = newest[-1000:]
-        run_ids = sorted({r[1] for r in sample})
+        # The dedupe lookup after a conflict (ingest.services._events_stored): the event ids of a
+        # batch of 20 runs of the newest day, both arrays given at once.
+        newest = sorted({r[1] for r in rows if r[1] // BLOCK == FIRST_DAY + args.days - 1})
+        run_ids = newest[:20]
+        sample = [r for r in rows if r[1] in set(run_ids)]
         event_ids = [r[3] for r in sample]
         for name, table in (("plain", plain), ("partitioned", parted)):
             start = time.perf_counter()
@@ -155,7 +162,10 @@ def main() -> int:
                 ).fetchall()
             assert len(found) == len(sample)
             figures.append(
-                (f"dedupe lookup, 1,000 ids, {name}", f"{(time.perf_counter() - start) / 20 * 1000:.1f} ms")
+                (
+                    f"dedupe lookup, {len(sample)} ids of 20 runs, {name}",
+                    f"{(time.perf_counter() - start) / 20 * 1000:.1f} ms",
+                )
             )
 
         # What the dedupe would keep in PostgreSQL if the events went to a column store
@@ -180,9 +190,11 @@ def main() -> int:
         (day_rows,) = conn.execute(
             f"SELECT count(*) FROM {plain} WHERE run_id >= %s AND run_id < %s", [lo, hi]
         ).fetchone()
+        wal_before = _lsn(conn)
         start = time.perf_counter()
         conn.execute(f"DELETE FROM {plain} WHERE run_id >= %s AND run_id < %s", [lo, hi])
         took_delete = time.perf_counter() - start
+        wal_delete = _lsn(conn) - wal_before
         wal = _lsn(conn)
         start = time.perf_counter()
         conn.execute(f"DROP TABLE {SCHEMA}.parted_d0")
@@ -191,7 +203,8 @@ def main() -> int:
         figures.append(
             (
                 f"one day's {day_rows:,} rows removed",
-                f"DELETE {took_delete * 1000:,.0f} ms (and a VACUUM to come) against DROP of its partition "
+                f"DELETE {took_delete * 1000:,.0f} ms ({wal_delete:,} B of WAL, a VACUUM to come) against DROP "
+                "of its partition "
                 f"{took_drop * 1000:,.1f} ms ({wal_drop:,} B of WAL)",
             )
         )
