@@ -60,6 +60,8 @@ LOCK_TIMEOUT_MS = 2000
 # Runs whose rows one DELETE removes (by run id); and the time a pass spends deleting past runs.
 RUN_BATCH = 2000
 RUNS_PURGE_BUDGET_S = 120.0
+# The session advisory lock a pass holds on PostgreSQL ("lwre").
+PASS_LOCK = 0x6C777265
 
 _BOUND = re.compile(r"FROM \((.+?)\) TO \((.+?)\)")
 
@@ -133,18 +135,29 @@ def retention_max() -> int:
 
 def retention_apply(*, now: datetime) -> RetentionReport:
     """One pass: partitions ahead and the day's block, then drops and purges (steps in the module
-    docstring). Harmless twice or concurrently: DDL is checked against the catalog under a lock,
-    deletes find nothing the second time."""
+    docstring). Harmless twice; a pass that finds another one running (an advisory lock) does
+    nothing."""
     report = RetentionReport()
-    if connection.vendor == "postgresql":
+    if connection.vendor != "postgresql":
+        events_purge(now=now, report=report)
+        report.runs_deleted = runs_purge(now=now)
+        return report
+    with connection.cursor() as cursor:
+        # One pass at a time (beat's and a command's): two would race to make or drop the same table.
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK])
+        if not cursor.fetchone()[0]:
+            report.kept["*"] = "another retention pass is running"
+            return report
+    try:
         report.created = partitions_ensure(now=now)
         report.sequence_moved_to = run_ids_advance(now=now)
         tenants_purge(now=now, report=report)
         partitions_drop(now=now, report=report)
         default_purge(now=now, report=report)
-    else:
-        events_purge(now=now, report=report)
-    report.runs_deleted = runs_purge(now=now)
+        report.runs_deleted = runs_purge(now=now)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK])
     return report
 
 

@@ -253,3 +253,26 @@ def test_runs_are_deleted_after_their_own_retention(api, key, tenant, settings):
     assert runs_purge(now=timezone.now() + timedelta(days=101)) == 1
     assert not Run.objects.filter(run_id="r-loop").exists() and not Detection.objects.exists()
     assert not RunCursor.objects.exists() and not Event.objects.exists()
+
+
+def test_a_pass_while_another_runs_does_nothing(run_ids_restored):
+    """Another session (another process's pass) holds the pass's lock."""
+    import psycopg
+
+    from ingest.retention import PASS_LOCK
+
+    settings_dict = connection.settings_dict
+    other = psycopg.connect(
+        host=settings_dict["HOST"],
+        port=settings_dict["PORT"] or 5432,
+        user=settings_dict["USER"],
+        dbname=settings_dict["NAME"],
+        autocommit=True,
+    )
+    with other:
+        other.execute("SELECT pg_advisory_lock(%s)", [PASS_LOCK])
+        later = timezone.now() + timedelta(days=5)
+        report = retention_apply(now=later)
+        assert report.kept == {"*": "another retention pass is running"} and report.created == []
+        other.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK])
+    assert retention_apply(now=later).created  # the lock was let go: the next pass works
