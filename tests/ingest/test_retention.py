@@ -266,6 +266,7 @@ def test_a_pass_while_another_runs_does_nothing(run_ids_restored):
         host=settings_dict["HOST"],
         port=settings_dict["PORT"] or 5432,
         user=settings_dict["USER"],
+        password=settings_dict["PASSWORD"],
         dbname=settings_dict["NAME"],
         autocommit=True,
     )
