@@ -27,11 +27,11 @@ QUOTAS_HELP = (
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "limits", "created_at"]
+    list_display = ["slug", "name", "retention_days", "limits", "created_at"]
     search_fields = ["slug", "name"]
     readonly_fields = ["limits", "created_at"]
     fieldsets = [
-        (None, {"fields": ["slug", "name", "created_at"]}),
+        (None, {"fields": ["slug", "name", "retention_days", "created_at"]}),
         ("Rate limits and quotas", {"fields": [*QUOTAS, "limits"], "description": QUOTAS_HELP}),
     ]
 

@@ -38,6 +38,14 @@ class Tenant(Quotas):
     slug = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "Days its events, model rounds and tool calls are kept after its runs end; blank: "
+            "LOOPWATCH_RETENTION_DAYS. Runs' figures and detections stay LOOPWATCH_RUN_RETENTION_DAYS."
+        ),
+    )
 
     def __str__(self) -> str:
         return self.slug
@@ -300,6 +308,29 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} {self.tool}#{self.call_id}"
+
+
+class RetentionPurge(models.Model):
+    """A partition of events (one day's runs, ingest.retention) from which the rows of a tenant that
+    keeps its events for less than the longest retention were deleted before the partition's drop;
+    with no tenant: every such tenant's rows are gone from it. Recorded so that a partition is not
+    gone through again."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    partition = models.CharField(max_length=63, help_text="The events partition's table name.")
+    events = models.BigIntegerField(default=0, help_text="Event rows deleted.")
+    purged_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "partition"], name="retention_purge_tenant_partition"),
+            models.UniqueConstraint(
+                fields=["partition"], condition=Q(tenant__isnull=True), name="retention_purge_partition_done"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id or 'all'} {self.partition}"
 
 
 class PendingResult(models.Model):

@@ -98,3 +98,15 @@ def incidents_notify(incident_ids: list[int], ts: str) -> int:
 def notification_deliver(delivery_id: int) -> str:
     """One attempt at a notification; the next is queued with a backoff when it may pass."""
     return notification_send(delivery_id=delivery_id)
+
+
+@shared_task(name="ingest.retention_apply", soft_time_limit=840, time_limit=900)
+def retention_apply(now: str | None = None) -> list[str]:
+    """Partitions ahead, the day's block of run ids, then what retention removes (ingest.retention).
+    Harmless twice or concurrently. `now`: ISO time of the pass (beat sends none: the clock's)."""
+    from datetime import datetime
+
+    from ingest.retention import retention_apply as apply
+
+    report = apply(now=datetime.fromisoformat(now) if now else timezone.now())
+    return report.lines()

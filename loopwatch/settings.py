@@ -60,6 +60,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The dashboards' GETs read from DATABASE_REPLICA_URL when set (loopwatch/db/replica.py).
+    "loopwatch.db.replica.ReplicaReadsMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
@@ -107,6 +109,18 @@ else:
     }
     (BASE_DIR / "var").mkdir(exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# A streaming replica of DATABASE_URL's database: the dashboards' pages read from it
+# (loopwatch/db/replica.py says which reads, and how a person's own writes stay visible to them).
+DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL")
+# Seconds a browser that changed something on a page reads from the primary (read-your-writes).
+LOOPWATCH_REPLICA_PIN_S = env_int("LOOPWATCH_REPLICA_PIN_S", 10, minimum=0)
+if DATABASE_REPLICA_URL:
+    if not DATABASE_URL or not DATABASE_URL.startswith(("postgres", "pgsql")):
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL: needs a PostgreSQL DATABASE_URL (the primary)")
+    DATABASES["replica"] = database_from_url("DATABASE_REPLICA_URL", DATABASE_REPLICA_URL)
+    # Tests make no database of their own for it: it is the primary's (a copy of it).
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["loopwatch.db.replica.ReplicaRouter"]
 
 # Read after DATABASE_URL: without one (the embedded mode) a missing key is made, not refused.
 SECRET_KEY = env_str("SECRET_KEY")
@@ -182,6 +196,9 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-reconcile": {"task": "ingest.ledger_reconcile", "schedule": 15.0},
     "ledger-purge": {"task": "ingest.ledger_purge", "schedule": 3600.0},
     "otlp-parked-sweep": {"task": "ingest.otlp_parked_sweep", "schedule": 60.0},
+    # Partitions made ahead, the day's run id block, then what retention removes (docs/retention.md).
+    "retention": {"task": "ingest.retention_apply", "schedule": 3600.0},
+    "overview-rollup-purge": {"task": "dashboards.overview_rollup_purge", "schedule": 3600.0},
     # The overview's hourly rollup: closed hours, and hours whose runs or detections changed since.
     "overview-rollup": {
         "task": "dashboards.overview_rollup",
@@ -264,6 +281,16 @@ LOOPWATCH_LEDGER_TTL_DAYS = _env_json("LOOPWATCH_LEDGER_TTL_DAYS", {"default": 3
 if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DAYS.values()):
     raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
 LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
+
+# --- retention (docs/retention.md) -------------------------------------------------
+# Days a run's events, model rounds and tool calls are kept after it ended (or went silent), for the
+# tenants without a retention of their own (Tenant.retention_days).
+LOOPWATCH_RETENTION_DAYS = env_int("LOOPWATCH_RETENTION_DAYS", 30, minimum=1)
+# Runs themselves (their figures, cursor and detections) stay longer; a tenant whose events are kept
+# longer keeps its runs at least as long.
+LOOPWATCH_RUN_RETENTION_DAYS = env_int("LOOPWATCH_RUN_RETENTION_DAYS", 400, minimum=1)
+# The overview's hourly rollups stay longer still: the charts of past years outlive their runs.
+LOOPWATCH_ROLLUP_RETENTION_DAYS = env_int("LOOPWATCH_ROLLUP_RETENTION_DAYS", 800, minimum=1)
 LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
 # Without a token, /metrics answers only in the embedded mode with DEBUG on (the Quickstart), or when
 # said explicitly (a scraper on a network that keeps others out).

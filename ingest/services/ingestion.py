@@ -141,8 +141,11 @@ def events_ingest(
     return IngestResult(verdicts=[v for v in verdicts if v is not None], runs_touched=runs_touched)
 
 
-# The unique index that finds an event_id already stored for its run (ingest.models.Event).
+# The unique index that finds an event_id already stored for its run (ingest.models.Event). The table
+# is partitioned on PostgreSQL (ingest.retention): a conflict names the partition's own index, which
+# PostgreSQL names after the partition, e.g. ingest_event_d20261202_run_id_event_id_idx.
 EVENT_ID_CONSTRAINT = "event_run_event_id_uniq"
+EVENT_ID_PARTITION_INDEX = "_run_id_event_id_idx"
 
 
 def _store_atomic(
@@ -171,7 +174,10 @@ def _is_event_id_conflict(exc: BaseException) -> bool:
     for err in (exc, exc.__cause__):
         diag = getattr(err, "diag", None)
         if diag is not None and getattr(err, "sqlstate", None) == "23505":
-            return diag.constraint_name == EVENT_ID_CONSTRAINT
+            name = diag.constraint_name or ""
+            return name == EVENT_ID_CONSTRAINT or (
+                name.startswith(Event._meta.db_table) and name.endswith(EVENT_ID_PARTITION_INDEX)
+            )
     return False
 
 
