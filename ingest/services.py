@@ -261,102 +261,302 @@ RUN_FIGURES = [
     "events_count",
     "unverified_from_seq",
 ]
-JSON_FIGURES = ("budgets", "labels")
-# What only run_started (agent ... labels) and run_finished (status ... finished_at) set. On PostgreSQL
-# the UPDATE leaves them as stored for a run without such an event in the batch (it sends none).
-DESCRIPTION_FIGURES = (
-    *("agent", "task_type", "backend", "model", "budgets", "labels"),
-    *("status", "terminated_by", "budget_type", "reason", "finished_at"),
-)
-# On PostgreSQL these are merged into the stored values by the UPDATE itself (the earliest start, the
-# latest event, the batch's last finish if any): the lock does not read them (Django's loader turns
-# each timestamp back into a datetime in Python: three quarters of the CPU of reading the runs).
-TIME_FIGURES = ("started_at", "finished_at", "last_event_at")
-# The first seq a key without the ledger scope stored: the UPDATE keeps the stored one when set
-# (the lock does not read it either; a batch sends its own first seq, or nothing).
-FIRST_FIGURES = ("unverified_from_seq",)
+# What only run_started (agent ... labels) and run_finished (status ... finished_at) set.
+STARTED_FIGURES = ("agent", "task_type", "backend", "model", "budgets", "labels")
+FINISHED_FIGURES = ("status", "terminated_by", "budget_type", "reason", "finished_at")
 
 
-class _RunRow:
-    """A locked run's pk, run_id and figures (RUN_FIGURES), as _run_apply updates them (PostgreSQL).
+def _set_based() -> bool:
+    """Whether a batch is stored with PostgreSQL's own statements, each one for all the batch's runs
+    (_store_set), rather than through the ORM (_store_orm: SQLite; the parity test runs it on
+    PostgreSQL too and compares the rows)."""
+    return connection.vendor == "postgresql"
 
-    Read with one SELECT ... FOR UPDATE instead of model instances, which cost more CPU than the rest
-    of the run's share of a batch. budgets and labels stay the stored JSON text, as orjson fragments
-    (written back as they are), until an event replaces them. The TIME_FIGURES and FIRST_FIGURES
-    start as None: they hold the batch's own values, which the UPDATE merges with the stored ones.
-    """
 
-    __slots__ = ("pk", "run_id", *RUN_FIGURES)
-    # The columns the lock reads, in this order (the SELECT is built from it).
-    LOCKED = (
-        *("pk", "run_id", "agent", "task_type", "backend", "model", "budgets", "labels"),
-        *("status", "terminated_by", "budget_type", "reason", "rounds", "tool_calls", "tool_errors"),
-        *("input_tokens", "output_tokens", "cost_usd", "events_count"),
+def _store(
+    tenant: Tenant,
+    valid: list[_Valid],
+    verdicts: list[Verdict | None],
+    *,
+    check_stored: bool,
+    ledger_scope: bool = True,
+) -> list[int]:
+    """Store the valid events in the caller's transaction: create the runs that are new, lock every
+    touched run (in pk order), drop events already stored (check_stored), number the rest per run,
+    insert them, update the runs' figures and create the new runs' detection cursors. Returns the
+    pks of the runs that got events."""
+    store = _store_set if _set_based() else _store_orm
+    return store(tenant, valid, verdicts, check_stored=check_stored, ledger_scope=ledger_scope)
+
+
+# --- storing a batch on PostgreSQL: one statement per step for all the batch's runs -------------
+#
+# The cost of a batch was per run it touched: a batch of 1,000 events over 1,000 runs reached a
+# quarter of a raw COPY of its rows, one over 20 runs two thirds. Per run the database probed the
+# run's unique index in an INSERT ... ON CONFLICT (a sequence value spent on each), locked and read
+# twenty columns, and wrote the whole row back, usually not as a HOT update (a page full of runs
+# all updated by the same statement had no room for their new versions: the table's fillfactor,
+# migration 0013, leaves it). Now one round trip creates only the missing runs and locks them all,
+# reading the six columns numbering and pricing need; the UPDATE merges the batch's own figures
+# (counts added, earliest start, latest event, description set only by run_started and
+# run_finished) into the stored ones.
+
+
+class _RunBatch:
+    """A locked run (pk, the events it holds, its cost, backend and model) and what this batch adds
+    to it. The counts are the batch's own (the UPDATE adds them); cost_usd is the new total, summed
+    event by event from the stored one as _run_apply sums it, so both paths store the same float.
+    `described` holds the description fields the batch's run_started / run_finished set."""
+
+    __slots__ = (
+        "backend",
+        "cost_usd",
+        "described",
+        "events_count",
+        "input_tokens",
+        "last_event_at",
+        "model",
+        "output_tokens",
+        "pk",
+        "rounds",
+        "started_at",
+        "tool_calls",
+        "tool_errors",
+        "unverified_from_seq",
     )
 
-    def __init__(self, values: tuple) -> None:
-        (
-            self.pk,
-            self.run_id,
-            self.agent,
-            self.task_type,
-            self.backend,
-            self.model,
-            budgets,
-            labels,
-            self.status,
-            self.terminated_by,
-            self.budget_type,
-            self.reason,
-            self.rounds,
-            self.tool_calls,
-            self.tool_errors,
-            self.input_tokens,
-            self.output_tokens,
-            self.cost_usd,
-            self.events_count,
-        ) = values
-        self.budgets = orjson.Fragment(budgets)
-        self.labels = orjson.Fragment(labels)
-        self.started_at = self.finished_at = self.last_event_at = None
-        self.unverified_from_seq = None
+    def __init__(self, pk: int, events_count: int, cost_usd: float, backend: str, model: str) -> None:
+        self.pk = pk
+        self.events_count = events_count
+        self.cost_usd = cost_usd
+        self.backend = backend
+        self.model = model
+        self.started_at = self.last_event_at = self.unverified_from_seq = None
+        self.rounds = self.tool_calls = self.tool_errors = self.input_tokens = self.output_tokens = 0
+        self.described: dict[str, Any] | None = None
 
 
-assert set(_RunRow.LOCKED) | set(TIME_FIGURES) | set(FIRST_FIGURES) == set(_RunRow.__slots__)
+def _batch_apply(run: _RunBatch, event: dict[str, Any], ts: datetime) -> bool:
+    """Fold one event into what the batch adds to its run, as _run_apply folds it into a Run. True
+    when it is a model round whose cost must be priced."""
+    kind = event["type"]
+    if run.started_at is None or ts < run.started_at:
+        run.started_at = ts
+    if run.last_event_at is None or ts > run.last_event_at:
+        run.last_event_at = ts
+    if kind == "model_round":
+        if event["round"] > run.rounds:
+            run.rounds = event["round"]
+        run.input_tokens += event.get("input_tokens", 0)
+        run.output_tokens += event.get("output_tokens", 0)
+        if "cost_usd" in event:
+            run.cost_usd = min(run.cost_usd + event["cost_usd"], MAX_TOTAL_USD)
+            return False
+        return True
+    if kind == "tool_call":
+        run.tool_calls += 1
+    elif kind == "tool_result":
+        if event["status"] != "ok":
+            run.tool_errors += 1
+    elif kind == "run_started":
+        described = run.described if run.described is not None else {}
+        for name in STARTED_FIGURES:
+            if name in event:
+                described[name] = event[name]
+        run.backend = event.get("backend", run.backend)
+        run.model = event.get("model", run.model)
+        run.described = described
+    elif kind == "run_finished":
+        described = run.described if run.described is not None else {}
+        described["status"] = event["status"]
+        described["terminated_by"] = event.get("terminated_by", "")
+        described["budget_type"] = event.get("budget_type", "")
+        described["reason"] = event.get("reason", "")
+        described["finished_at"] = ts
+        run.described = described
+    return False
 
 
-def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run | _RunRow]:
-    # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
-    _insert_missing(Run, Run(tenant=tenant), "run_id", sorted(run_ids))
-    if connection.vendor != "postgresql":
-        return {
-            run.run_id: run
-            for run in Run.objects.select_for_update()
-            .filter(tenant=tenant, run_id__in=run_ids)
-            .order_by("pk")
+def _store_set(
+    tenant: Tenant,
+    valid: list[_Valid],
+    verdicts: list[Verdict | None],
+    *,
+    check_stored: bool,
+    ledger_scope: bool,
+) -> list[int]:
+    """_store on PostgreSQL: whatever the number of runs, one round trip creates and locks them, one
+    reads the prices the batch needs (if any), one COPY stores the events and one UPDATE writes the
+    figures (with the new runs' cursors)."""
+    locked = _runs_take(tenant.pk, sorted({item[1]["run_id"] for item in valid}))[1]
+    runs = {run_id: _RunBatch(*figures) for run_id, *figures in locked}
+    fresh = [run.pk for run in runs.values() if run.events_count == 0]
+    stored: set[tuple[int, str]] = set()
+    if check_stored:
+        # Only runs that already hold events can hold a duplicate of this batch's events.
+        older = {run.pk for run in runs.values() if run.events_count}
+        event_ids = {
+            event["event_id"]
+            for _, event, _, _ in valid
+            if "event_id" in event and runs[event["run_id"]].pk in older
         }
+        stored = _events_stored(older, event_ids) if event_ids else set()
+    rows: list[tuple] = []
+    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    changed: dict[int, _RunBatch] = {}
+    for index, event, ts, body in valid:
+        run = runs[event["run_id"]]
+        run_pk = run.pk
+        event_id = event.get("event_id")
+        if stored and event_id is not None and (run_pk, event_id) in stored:
+            verdicts[index] = {"index": index, "status": "duplicate"}
+            continue
+        seq = run.events_count = run.events_count + 1
+        if not ledger_scope and run.unverified_from_seq is None:
+            run.unverified_from_seq = seq
+        rows.append((run_pk, seq, event_id, event["type"], ts, body))
+        if _batch_apply(run, event, ts):
+            unpriced[run_pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
+        changed[run_pk] = run
+        verdicts[index] = {"index": index, "status": "accepted"}
+    if not rows:
+        if fresh:
+            _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
+        return []
+    if unpriced:
+        _price(changed, unpriced, _PriceBook)
+    # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
+    rows.sort(key=_BY_RUN)
+    _events_insert(tenant.pk, rows)
+    _runs_merge(list(changed.values()), fresh)
+    return list(changed)
+
+
+def _price(changed: dict, unpriced: dict[int, list[tuple[int, int]]], book_class: type[PriceBook]) -> None:
+    """Add the cost of the model rounds that came without one, from the price table."""
+    book = book_class({(changed[pk].backend, changed[pk].model) for pk in unpriced})
+    for pk, usage in unpriced.items():
+        run = changed[pk]
+        price = book.price(run.backend, run.model)
+        run.cost_usd = min(run.cost_usd + sum(price.cost(i, o) for i, o in usage), MAX_TOTAL_USD)
+
+
+@functools.cache
+def _take_sql() -> tuple[str, str]:
+    """The INSERT of a batch's missing runs (RETURNING their pks) and the lock of all its runs, which
+    reads what numbering and pricing need: (pk, events_count, cost_usd, backend, model) by run_id."""
+    quote = connection.ops.quote_name
+    table = quote(Run._meta.db_table)
+    fields = [f for f in Run._meta.concrete_fields if f.attname != "run_id" and f is not Run._meta.auto_field]
+    columns = ", ".join(quote(f.column) for f in fields)
+    # The ids go as one JSON array (orjson writes it in microseconds; psycopg quoted an array
+    # parameter element by element). WITH ORDINALITY ... ORDER BY: the rows go in in the order
+    # given (sorted), whatever the plan, so two batches creating the same runs wait, not deadlock.
+    # NOT EXISTS first: a run that exists costs one probe of its index, not a speculative insert
+    # (and a sequence value).
+    insert = (
+        f"INSERT INTO {table} ({columns}, run_id) SELECT {'%s, ' * len(fields)}u.k "
+        "FROM json_array_elements_text(%s::json) WITH ORDINALITY AS u(k, n) "
+        f"WHERE NOT EXISTS (SELECT FROM {table} r WHERE r.tenant_id = %s AND r.run_id = u.k) "
+        "ORDER BY u.n ON CONFLICT DO NOTHING RETURNING id"
+    )
+    lock = (
+        f"SELECT run_id, id, events_count, cost_usd, backend, model FROM {table} "
+        "WHERE tenant_id = %s AND run_id IN (SELECT json_array_elements_text(%s::json)) "
+        "ORDER BY id FOR NO KEY UPDATE"
+    )
+    return insert, lock
+
+
+def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tuple]]:
+    """Create the runs among these (sorted) that are not stored, then lock them all in pk order, in
+    one round trip (PostgreSQL): (pks created, [(run_id, pk, events_count, cost_usd, backend, model)]).
+
+    Inserts first, then locks: a batch waits on another's new run only while it holds no lock, and
+    locks in pk order, so concurrent batches sharing runs cannot deadlock. Row locks take no slot of
+    PostgreSQL's shared lock table, whatever the number of runs."""
+    insert, lock = _take_sql()
+    template = Run(tenant_id=tenant_pk)
+    fields = [f for f in Run._meta.concrete_fields if f.attname != "run_id" and f is not Run._meta.auto_field]
+    defaults = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
+    ids = orjson.dumps(run_ids).decode()
+    created, locked = statements_run([(insert, [*defaults, ids, tenant_pk]), (lock, [tenant_pk, ids])])
+    return [row[0] for row in created or ()], locked or []
+
+
+@functools.cache
+def _merge_sql() -> str:
+    """The UPDATE that merges a batch's figures (one JSON object per run) into the stored ones."""
+    quote = connection.ops.quote_name
+    types = {f.attname: f.db_type(connection) for f in Run._meta.concrete_fields}
+    added = ("tool_calls", "tool_errors", "input_tokens", "output_tokens")
+    merge = {
+        "events_count": "v.{0}",
+        "cost_usd": "v.{0}",
+        "rounds": "GREATEST(r.{0}, v.{0})",
+        "started_at": "LEAST(r.{0}, v.{0})",  # NULLs are ignored: a new run takes the batch's
+        "last_event_at": "GREATEST(r.{0}, v.{0})",
+        # The first seq a key without the ledger scope stored: the stored one when set.
+        "unverified_from_seq": "COALESCE(r.{0}, v.{0})",
+        **{name: "r.{0} + v.{0}" for name in added},
+        # Set only by run_started / run_finished: the stored value when the batch sends none.
+        **{name: "COALESCE(v.{0}, r.{0})" for name in (*STARTED_FIGURES, *FINISHED_FIGURES)},
+    }
+    assert set(merge) == set(RUN_FIGURES)
+    assignments = ", ".join(f"{quote(name)} = " + merge[name].format(quote(name)) for name in RUN_FIGURES)
+    record = ", ".join(f"{quote(name)} {types[name]}" for name in ("id", *RUN_FIGURES))
+    return (
+        f"UPDATE {quote(Run._meta.db_table)} AS r SET {assignments} "
+        f"FROM json_to_recordset(%s::json) AS v({record}) WHERE r.id = v.id"
+    )
+
+
+_FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _runs_merge(runs: list[_RunBatch], fresh: list[int]) -> None:
+    """Write the batch's figures into its runs with one UPDATE, and create the fresh runs' detection
+    cursors in its WITH clause (PostgreSQL)."""
+    data = []
+    for run in runs:
+        cost = run.cost_usd
+        row = {
+            "id": run.pk,
+            "events_count": run.events_count,
+            "cost_usd": cost if math.isfinite(cost) else _FLOAT_TEXT.get(cost, "NaN"),  # JSON has none
+            "started_at": run.started_at,
+            "last_event_at": run.last_event_at,
+            "rounds": run.rounds,
+            "tool_calls": run.tool_calls,
+            "tool_errors": run.tool_errors,
+            "input_tokens": run.input_tokens,
+            "output_tokens": run.output_tokens,
+        }
+        if run.unverified_from_seq is not None:
+            row["unverified_from_seq"] = run.unverified_from_seq
+        if run.described is not None:
+            row.update(run.described)
+        data.append(row)
+    sql = _merge_sql()
+    params: list = [orjson.dumps(data).decode()]
+    if fresh:
+        cursor_sql, cursor_params = _insert_missing_sql(RunCursor, RunCursor(), "run_id", fresh)
+        sql = f"WITH cursors AS ({cursor_sql}) {sql}"
+        params = [*cursor_params, *params]
     with connection.cursor() as cursor:
-        cursor.execute(_run_statements()[0], [tenant.pk, run_ids])
-        return {row[1]: _RunRow(row) for row in cursor.fetchall()}
+        cursor.execute(sql, params)
 
 
 def runs_hold(*, tenant: Tenant, run_ids: list[str]) -> list[int]:
     """Hold these runs of the tenant for the caller's transaction, as a batch's ingest holds them:
     the runs not stored yet are created (empty) and every one is locked by its row. A run that does
     not exist yet is held too (its row, inserted, is locked until the commit); another transaction
-    holding the same runs, an export or a REST batch, waits, and none can deadlock (insert in run_id
-    order, lock in pk order). Row locks take no slot of PostgreSQL's shared lock table, whatever the
-    number of runs. Returns the pks of the runs it created: the caller drops those it left empty
+    holding the same runs, an export or a REST batch, waits, and none can deadlock (_runs_take).
+    Returns the pks of the runs it created: the caller drops those it left empty
     (runs_drop_empty). On SQLite the transaction itself is the lock (IMMEDIATE): nothing to do."""
     if connection.vendor != "postgresql" or not run_ids:
         return []
-    ordered = sorted(set(run_ids))
-    sql, params = _insert_missing_sql(Run, Run(tenant=tenant), "run_id", ordered)
-    with connection.cursor() as cursor:
-        cursor.execute(sql + f" RETURNING {connection.ops.quote_name(Run._meta.pk.column)}", params)
-        created = [row[0] for row in cursor.fetchall()]
-        cursor.execute(_run_statements()[0], [tenant.pk, ordered])
-    return created
+    return _runs_take(tenant.pk, sorted(set(run_ids)))[0]
 
 
 def runs_drop_empty(*, run_pks: list[int]) -> None:
@@ -366,6 +566,81 @@ def runs_drop_empty(*, run_pks: list[int]) -> None:
             cursor.execute(
                 f"DELETE FROM {Run._meta.db_table} WHERE id = ANY(%s) AND events_count = 0", [run_pks]
             )
+
+
+# --- storing a batch through the ORM (SQLite) ----------------------------------------------------
+
+
+def _store_orm(
+    tenant: Tenant,
+    valid: list[_Valid],
+    verdicts: list[Verdict | None],
+    *,
+    check_stored: bool,
+    ledger_scope: bool,
+) -> list[int]:
+    """_store with model instances: the runs created by one INSERT, locked (on SQLite the
+    transaction is the lock) and read whole, folded event by event (_run_apply), written back
+    with one UPDATE per run."""
+    run_ids = sorted({item[1]["run_id"] for item in valid})
+    # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
+    _insert_missing(Run, Run(tenant=tenant), "run_id", run_ids)
+    runs = {
+        run.run_id: run
+        for run in Run.objects.select_for_update().filter(tenant=tenant, run_id__in=run_ids).order_by("pk")
+    }
+    fresh = [run.pk for run in runs.values() if run.events_count == 0]
+    stored: set[tuple[int, str]] = set()
+    if check_stored:
+        older = {run.pk for run in runs.values() if run.events_count}
+        event_ids = {
+            event["event_id"]
+            for _, event, _, _ in valid
+            if "event_id" in event and runs[event["run_id"]].pk in older
+        }
+        stored = _events_stored(older, event_ids) if event_ids else set()
+    rows: list[tuple] = []
+    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    changed: dict[int, Run] = {}
+    for index, event, ts, body in valid:
+        run = runs[event["run_id"]]
+        event_id = event.get("event_id")
+        if stored and event_id is not None and (run.pk, event_id) in stored:
+            verdicts[index] = {"index": index, "status": "duplicate"}
+            continue
+        seq = run.events_count = run.events_count + 1
+        if not ledger_scope and run.unverified_from_seq is None:
+            run.unverified_from_seq = seq
+        rows.append((run.pk, seq, event_id, event["type"], ts, body))
+        if _run_apply(run, event, ts):
+            unpriced[run.pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
+        changed[run.pk] = run
+        verdicts[index] = {"index": index, "status": "accepted"}
+    if fresh:
+        _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
+    if not rows:
+        return []
+    if unpriced:
+        _price(changed, unpriced, PriceBook)
+    Event.objects.bulk_create(
+        [
+            Event(tenant_id=tenant.pk, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
+            for r, s, e, k, ts, b in rows
+        ],
+        batch_size=500,
+    )
+    # One UPDATE per run (executemany), not bulk_update(): its CASE ... WHEN expressions cost Django
+    # ~2 ms of CPU per run, most of a batch.
+    fields = [Run._meta.get_field(name) for name in RUN_FIGURES]
+    assignments = ", ".join(f"{connection.ops.quote_name(f.column)} = %s" for f in fields)
+    sql = f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {assignments} WHERE id = %s"
+    params = [[_db_value(f, getattr(run, f.attname)) for f in fields] + [run.pk] for run in changed.values()]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+    return list(changed)
+
+
+_BY_RUN = operator.itemgetter(0)
 
 
 def _insert_missing_sql(model: type[models.Model], template: models.Model, key: str, values: list) -> tuple:
@@ -405,95 +680,6 @@ def _insert_missing(model: type[models.Model], template: models.Model, key: str,
         cursor.execute(sql, params)
 
 
-def _store(
-    tenant: Tenant,
-    valid: list[_Valid],
-    verdicts: list[Verdict | None],
-    *,
-    check_stored: bool,
-    ledger_scope: bool = True,
-) -> list[int]:
-    runs = _runs_lock(tenant, list(dict.fromkeys(item[1]["run_id"] for item in valid)))
-    # Runs without events get their detection cursor (with the runs' update, in the same transaction).
-    fresh = [run.pk for run in runs.values() if run.events_count == 0]
-    stored: set[tuple[int, str]] = set()
-    if check_stored:
-        # Only runs that already hold events can hold a duplicate of this batch's events.
-        older = {run.pk for run in runs.values() if run.events_count}
-        event_ids = {
-            event["event_id"]
-            for _, event, _, _ in valid
-            if "event_id" in event and runs[event["run_id"]].pk in older
-        }
-        stored = _events_stored(older, event_ids) if event_ids else set()
-    rows: list[tuple] = []
-    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    changed: dict[int, Run | _RunRow] = {}
-    described: set[int] = set()  # runs whose DESCRIPTION figures this batch sets
-    for index, event, ts, body in valid:
-        run = runs[event["run_id"]]
-        run_pk = run.pk
-        event_id = event.get("event_id")
-        if stored and event_id is not None and (run_pk, event_id) in stored:
-            verdicts[index] = {"index": index, "status": "duplicate"}
-            continue
-        seq = run.events_count = run.events_count + 1
-        if not ledger_scope and run.unverified_from_seq is None:
-            run.unverified_from_seq = seq
-        kind = event["type"]
-        rows.append((run_pk, seq, event_id, kind, ts, body))
-        if _run_apply(run, event, ts):
-            unpriced[run_pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
-        elif kind == "run_started" or kind == "run_finished":
-            described.add(run_pk)
-        changed[run_pk] = run
-        verdicts[index] = {"index": index, "status": "accepted"}
-    if not rows:
-        if fresh:
-            _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
-        return []
-    if unpriced:
-        pairs = {(changed[pk].backend, changed[pk].model) for pk in unpriced}
-        book = _PriceBook(pairs) if connection.vendor == "postgresql" else PriceBook(pairs)
-        for pk, usage in unpriced.items():
-            price = book.price(changed[pk].backend, changed[pk].model)
-            cost = changed[pk].cost_usd + sum(price.cost(i, o) for i, o in usage)
-            changed[pk].cost_usd = min(cost, MAX_TOTAL_USD)
-    # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
-    rows.sort(key=_BY_RUN)
-    _events_insert(tenant.pk, rows)
-    _runs_update(list(changed.values()), fresh, described)
-    return list(changed)
-
-
-_BY_RUN = operator.itemgetter(0)
-
-
-@functools.cache
-def _run_statements() -> tuple[str, str]:
-    """PostgreSQL: the SELECT ... FOR UPDATE of a batch's runs and the UPDATE of their figures."""
-    table = Run._meta.db_table
-    column = {name: Run._meta.get_field(name).column for name in ("run_id", "tenant", *RUN_FIGURES)}
-    column["pk"] = Run._meta.pk.column
-    locked = ", ".join(f'"{column[name]}"' for name in _RunRow.LOCKED)
-    lock = (
-        f'SELECT {locked} FROM "{table}" WHERE "{column["tenant"]}" = %s AND "{column["run_id"]}" = ANY(%s) '
-        f'ORDER BY "{column["pk"]}" FOR NO KEY UPDATE'
-    )
-    # One statement for all the runs, their rows given as one JSON array read as rows of the table.
-    merge = {"started_at": "LEAST(r.{0}, v.{0})", "last_event_at": "GREATEST(r.{0}, v.{0})"}
-    merge.update((name, "COALESCE(v.{0}, r.{0})") for name in DESCRIPTION_FIGURES)
-    merge.update((name, "COALESCE(r.{0}, v.{0})") for name in FIRST_FIGURES)
-    assignments = ", ".join(
-        f'"{column[name]}" = ' + merge.get(name, "v.{0}").format(f'"{column[name]}"') for name in RUN_FIGURES
-    )
-    update = (
-        f'UPDATE "{table}" AS r SET {assignments} FROM json_populate_recordset(NULL::"{table}", %s::json) AS v '
-        f'WHERE r."{column["pk"]}" = v."{column["pk"]}"'
-    )
-    return lock, update
-
-
 def _events_stored(run_pks: set[int], event_ids: set[str]) -> set[tuple[int, str]]:
     """The (run pk, event_id) pairs among these already stored."""
     if connection.vendor == "postgresql":
@@ -508,51 +694,6 @@ def _events_stored(run_pks: set[int], event_ids: set[str]) -> set[tuple[int, str
     return set(
         Event.objects.filter(run_id__in=run_pks, event_id__in=event_ids).values_list("run_id", "event_id")
     )
-
-
-def _runs_update(runs: list[Run | _RunRow], fresh: list[int], described: set[int]) -> None:
-    """Write the runs' figures, and create the detection cursors of the fresh runs.
-
-    On PostgreSQL one statement: UPDATE ... FROM json_populate_recordset() of the figures as one JSON
-    array (_RunRow: TIME_FIGURES merged; DESCRIPTION_FIGURES only for the `described` runs, the others
-    keep theirs), with the cursors' INSERT in a WITH clause. Elsewhere one UPDATE per run
-    (executemany). Not bulk_update(): its CASE ... WHEN expressions cost Django ~2 ms of CPU per
-    run, most of a batch.
-    """
-    if connection.vendor == "postgresql":
-        names = ("pk", *RUN_FIGURES)
-        columns = [Run._meta.pk.column, *(Run._meta.get_field(name).column for name in RUN_FIGURES)]
-        counted = [(c, n) for c, n in zip(columns, names, strict=True) if n not in DESCRIPTION_FIGURES]
-        cost = Run._meta.get_field("cost_usd").column
-        data = []
-        for run in runs:
-            if run.pk in described:
-                row = {column: getattr(run, name) for column, name in zip(columns, names, strict=True)}
-            else:
-                row = {column: getattr(run, name) for column, name in counted}
-            if not math.isfinite(run.cost_usd):  # JSON has no number for it; the column reads the text
-                row[cost] = _FLOAT_TEXT.get(run.cost_usd, "NaN")
-            data.append(row)
-        sql = _run_statements()[1]
-        params: list = [orjson.dumps(data).decode()]
-        if fresh:
-            cursor_sql, cursor_params = _insert_missing_sql(RunCursor, RunCursor(), "run_id", fresh)
-            sql = f"WITH cursors AS ({cursor_sql}) {sql}"
-            params = [*cursor_params, *params]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-        return
-    if fresh:
-        _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
-    fields = [Run._meta.get_field(name) for name in RUN_FIGURES]
-    assignments = ", ".join(f"{connection.ops.quote_name(f.column)} = %s" for f in fields)
-    sql = f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {assignments} WHERE id = %s"
-    params = [[_db_value(f, getattr(run, f.attname)) for f in fields] + [run.pk] for run in runs]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
-
-
-_FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
 def _db_value(field, value: Any) -> Any:
@@ -642,45 +783,36 @@ _COPY_TYPES: dict[str, bytes] = {}
 
 
 def _events_insert(tenant_pk: int, rows: list[tuple]) -> None:
-    """One binary COPY on PostgreSQL (the hot path); a bulk insert elsewhere.
+    """One binary COPY (PostgreSQL; _store_orm uses bulk_create).
 
     rows: (run pk, seq, event_id, type, ts, body). The binary rows are built here rather than by
     copy.write_row(): that formatted and escaped every value, and PostgreSQL then parsed the text
     back; binary spares both sides most of it (the body is JSON text either way).
     """
-    if connection.vendor == "postgresql":
-        parts = [_COPY_HEADER]
-        append = parts.append
-        head_pk = head = None
-        types = _COPY_TYPES
-        for run_pk, seq, event_id, kind, ts, body in rows:
-            if run_pk != head_pk:
-                head_pk, head = run_pk, _COPY_ROW_HEAD(7, 8, tenant_pk, 8, run_pk)
-            append(head)
-            if event_id is None:
-                append(_COPY_SEQ_ID(4, seq, -1))
-            else:
-                raw_id = event_id.encode()
-                append(_COPY_SEQ_ID(4, seq, len(raw_id)))
-                append(raw_id)
-            kind_field = types.get(kind)
-            if kind_field is None:
-                raw_kind = kind.encode()
-                kind_field = types[kind] = len(raw_kind).to_bytes(4, "big") + raw_kind
-            append(kind_field)
-            append(_COPY_TS_BODY(8, (ts - _PG_EPOCH) // _ONE_US, len(body) + 1, 1))
-            append(body)
-        append(_COPY_TRAILER)
-        with connection.cursor() as cursor, cursor.copy(EVENT_COPY_BINARY_SQL) as copy:
-            copy.write(b"".join(parts))
-        return
-    Event.objects.bulk_create(
-        [
-            Event(tenant_id=tenant_pk, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
-            for r, s, e, k, ts, b in rows
-        ],
-        batch_size=500,
-    )
+    parts = [_COPY_HEADER]
+    append = parts.append
+    head_pk = head = None
+    types = _COPY_TYPES
+    for run_pk, seq, event_id, kind, ts, body in rows:
+        if run_pk != head_pk:
+            head_pk, head = run_pk, _COPY_ROW_HEAD(7, 8, tenant_pk, 8, run_pk)
+        append(head)
+        if event_id is None:
+            append(_COPY_SEQ_ID(4, seq, -1))
+        else:
+            raw_id = event_id.encode()
+            append(_COPY_SEQ_ID(4, seq, len(raw_id)))
+            append(raw_id)
+        kind_field = types.get(kind)
+        if kind_field is None:
+            raw_kind = kind.encode()
+            kind_field = types[kind] = len(raw_kind).to_bytes(4, "big") + raw_kind
+        append(kind_field)
+        append(_COPY_TS_BODY(8, (ts - _PG_EPOCH) // _ONE_US, len(body) + 1, 1))
+        append(body)
+    append(_COPY_TRAILER)
+    with connection.cursor() as cursor, cursor.copy(EVENT_COPY_BINARY_SQL) as copy:
+        copy.write(b"".join(parts))
 
 
 def detection_enqueue(run_pks: list[int], *, force: bool = False, delay_s: float = 0) -> None:
