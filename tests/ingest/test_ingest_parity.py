@@ -1,7 +1,7 @@
 """The two ways ingest stores a batch give the same rows, both run on PostgreSQL over the same input.
 
 On PostgreSQL a batch is stored with statements of its own, one for all the batch's runs
-(ingest.services._store_set); elsewhere (SQLite, the embedded mode) through the ORM
+(ingest.services.ingestion._store_set); elsewhere (SQLite, the embedded mode) through the ORM
 (_store_orm). Here the same batches go once through each, to two tenants, and every run's figures,
 cursor and events must come out the same.
 """
@@ -12,9 +12,8 @@ import random
 
 import pytest
 
-from ingest import services
 from ingest.models import Backend, Event, ModelPrice, Run, RunCursor
-from ingest.services import RUN_FIGURES, events_ingest, tenant_get_or_create
+from ingest.services import RUN_FIGURES, events_ingest, ingestion, tenant_get_or_create
 
 pytestmark = pytest.mark.django_db
 
@@ -104,7 +103,7 @@ def _batches(seed: int) -> list[list[dict]]:
 
 
 def _store(monkeypatch, tenant, batches: list[list[dict]], *, set_based: bool) -> list[dict]:
-    monkeypatch.setattr(services, "_set_based", lambda: set_based)
+    monkeypatch.setattr(ingestion, "_set_based", lambda: set_based)
     results = []
     for n, batch in enumerate(batches):
         result = events_ingest(
