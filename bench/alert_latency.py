@@ -31,7 +31,6 @@ import http.client
 import multiprocessing as mp
 import os
 import random
-import re
 import secrets
 import signal
 import subprocess
@@ -134,30 +133,6 @@ def _load_client(idx: int, cfg: dict, key: str, ready, start_at, out_q) -> None:
 
 
 # --- the page's socket and the probes ------------------------------------------------------------
-
-
-def sign_in(port: int, username: str, password: str) -> str:
-    """Sign in through the login form as a browser does; the Cookie header of the session."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=10)
-    conn.request("GET", "/accounts/login/")
-    response = conn.getresponse()
-    page = response.read().decode()
-    csrf_cookie = re.search(r"csrftoken=([^;]+)", response.getheader("Set-Cookie") or "").group(1)
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    body = f"username={username}&password={password}&csrfmiddlewaretoken={token}&next=/alerts/"
-    conn.request(
-        "POST",
-        "/accounts/login/",
-        body=body,
-        headers={"Content-Type": "application/x-www-form-urlencoded", "Cookie": f"csrftoken={csrf_cookie}"},
-    )
-    response = conn.getresponse()
-    response.read()
-    session = re.search(r"sessionid=([^;]+)", response.getheader("Set-Cookie") or "")
-    if response.status != 302 or session is None:
-        raise B.SetupError(f"sign-in failed: HTTP {response.status}")
-    conn.close()
-    return f"sessionid={session.group(1)}; csrftoken={csrf_cookie}"
 
 
 def probe_events(run_id: str) -> bytes:
@@ -390,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         server = B.Server(args, env, key)
         worker = Worker(args, env)
         server.wait_ready()
-        cookie = sign_in(args.port, USERNAME, password)
+        cookie = B.sign_in(args.port, USERNAME, password)
 
         cfg = {
             "rate": args.rate,

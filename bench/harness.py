@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import multiprocessing as mp
 import os
+import re
 import secrets
 import signal
 import socket
@@ -186,6 +187,30 @@ def stop_group(proc: subprocess.Popen, *, timeout: float) -> None:
             proc.wait(timeout=5)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def sign_in(port: int, username: str, password: str) -> str:
+    """Sign in through the login form as a browser does; the Cookie header of the session."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=10)
+    conn.request("GET", "/accounts/login/")
+    response = conn.getresponse()
+    page = response.read().decode()
+    csrf_cookie = re.search(r"csrftoken=([^;]+)", response.getheader("Set-Cookie") or "").group(1)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    body = f"username={username}&password={password}&csrfmiddlewaretoken={token}&next=/alerts/"
+    conn.request(
+        "POST",
+        "/accounts/login/",
+        body=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded", "Cookie": f"csrftoken={csrf_cookie}"},
+    )
+    response = conn.getresponse()
+    response.read()
+    session = re.search(r"sessionid=([^;]+)", response.getheader("Set-Cookie") or "")
+    if response.status != 302 or session is None:
+        raise SetupError(f"sign-in failed: HTTP {response.status}")
+    conn.close()
+    return f"sessionid={session.group(1)}; csrftoken={csrf_cookie}"
 
 
 # --- client processes, released together ----------------------------------------------------------

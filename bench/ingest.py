@@ -1,21 +1,24 @@
 """End-to-end REST ingest benchmark, with the raw COPY ceiling measured in the same run.
 
     .venv/bin/python bench/ingest.py [--events 100000] [--batch 1000] [--clients 4] [--workers 2]
-        [--database-url postgres://postgres@127.0.0.1:5432/loopwatch_bench]
+        [--runs-per-batch 20,1000] [--database-url postgres://postgres@127.0.0.1:5432/loopwatch_bench]
         [--redis-url redis://127.0.0.1:6379/15] [--port 8765]
 
 1. Creates the bench database if missing, migrates it, empties the event and run tables
    (only in a database whose name holds "bench"), creates a tenant and an ingest key.
+   Steps 2 to 4 run once per shape of --runs-per-batch (default 20, then 1,000 runs per batch of
+   1,000 events: the cost of ingest is per run a batch touches), on emptied tables.
 2. Starts uvicorn (--workers) on 127.0.0.1:PORT with DEBUG off, REDIS_URL set (detection tasks are
    queued to Redis, nothing consumes them), and waits until it answers.
 3. REST: --clients processes, each with its own stream of generated trace events (~600 bytes,
-   runs interleaved, pre-serialised with orjson before the clock starts), POST batches of --batch
-   events over keep-alive connections, a new one every --reconnect-every batches (so that the
+   runs interleaved: a batch holds the events of --runs-per-batch runs; pre-serialised with orjson
+   before the clock starts), POST batches of --batch events over keep-alive connections, a new one every --reconnect-every batches (so that the
    connections spread over the uvicorn workers). Every answer must be 200 with accepted == batch size.
 4. Stops the server, then the ceiling: the same rows (run ids mapped to fresh ints) copied with
    psycopg COPY into bench_ceiling (LIKE ingest_event INCLUDING ALL), one transaction per --batch
    rows, from --clients processes, then again from a single process.
-5. Prints the table, empties bench_ceiling, purges the Redis bench db. The bench database and its
+5. Prints a table per shape and a summary (REST / COPY per shape beside the 0.50 target),
+   empties bench_ceiling, purges the Redis bench db. The bench database and its
    ingest_event rows stay (they are emptied at the start of the next run).
 
 Exits 1 when any batch failed, 2 on a setup error.
@@ -291,8 +294,10 @@ class _Run:
 def client_stream(seed: int, client: int, n_events: int, pool: int, prefix: str) -> list[tuple[int, dict]]:
     """One client's events, deterministic in (seed, client): [(run number, event)], in send order.
 
-    `pool` runs are active at once and each event comes from a random one of them, so runs
-    interleave and span several batches; a finished run is replaced by a new one.
+    `pool` runs are active at once; the stream takes one event of each in turn, in an order
+    shuffled every round, so a batch of `pool` events touches `pool` runs and a batch of 1,000
+    events with a pool of 20 touches 20 (and the runs that replace those that finish). Runs
+    interleave and span several batches.
     """
     rng = random.Random(seed * 7919 + client)
     clock = EPOCH + timedelta(seconds=client * 3600)
@@ -305,8 +310,12 @@ def client_stream(seed: int, client: int, n_events: int, pool: int, prefix: str)
 
     active = [new_run() for _ in range(pool)]
     out: list[tuple[int, dict]] = []
+    order: list[int] = []
     while len(out) < n_events:
-        slot = rng.randrange(len(active))
+        if not order:
+            order = list(range(len(active)))
+            rng.shuffle(order)
+        slot = order.pop()
         run = active[slot]
         if not run.pending:
             run.next_round(rng)
@@ -563,6 +572,141 @@ def redis_queued(url: str) -> tuple[int, int]:
         client.close()
 
 
+def measure_shape(args, cfg: dict, env: dict[str, str], key: str, tenant_id: int, notes: list[str]) -> dict:
+    """One shape (cfg["pool"] runs per batch): the REST phase against a fresh server, then the COPY
+    ceiling of the same rows from --clients processes and from one. Returns the phases' summaries
+    and the number of failures."""
+    failed = 0
+    rest: dict = {}
+    par: dict = {}
+    single: dict = {}
+    server: Server | None = None
+    spy: subprocess.Popen | None = None
+    try:
+        # --- REST ---
+        server = Server(args, env, key)
+        server.wait_ready()
+        workers = server.worker_pids()
+        checkpoint(args.database_url)
+        if args.py_spy:
+            out = Path(args.py_spy)
+            fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(out.suffix, "raw")
+            spy = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(workers[0]),
+                    "--idle",
+                    "--format",
+                    fmt,
+                    "-o",
+                    str(out),
+                    "--rate",
+                    "200",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            time.sleep(1.0)
+        print(
+            f"REST: {args.events} events, batches of {args.batch}, {args.clients} clients, "
+            f"{args.workers} workers (pids {workers}), {cfg['pool']} runs per batch, seed {cfg['seed']} ...",
+            flush=True,
+        )
+        phase = run_phase(rest_client, [(i, cfg, key) for i in range(args.clients)], args.timeout, workers)
+        rest = summarise(phase)
+        rest["phase"] = phase
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            try:
+                _, err = spy.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                _, err = spy.communicate()
+            notes.append(f"py-spy profile of worker {workers[0]}: {args.py_spy} (exit {spy.returncode})")
+            if spy.returncode:
+                notes.append(f"py-spy said: {err.decode(errors='replace')[-500:]}")
+            spy = None
+        failed_batches = sum(r["failed_batches"] for r in rest["ok"])
+        failed_events = sum(r["failed_events"] for r in rest["ok"])
+        for r in rest["ok"]:
+            for line in r["failures"]:
+                print(f"  client {r['idx']}: {line}", file=sys.stderr)
+        for err in rest["errors"]:
+            print(f"  client error: {err}", file=sys.stderr)
+        lost = args.events - sum(r["events"] for r in rest["ok"])  # clients that crashed or never reported
+        failed = failed_batches + (lost + args.batch - 1) // args.batch
+        rest["failed_batches"] = failed
+        rest["failed_events"] = failed_events + lost
+        rest["bytes"] = sum(r["bytes"] for r in rest["ok"])
+        rest["queued"] = redis_queued(args.redis_url)
+        server.stop()
+        server = None
+        rest_sums = stored_sums(args.database_url, prefix=cfg["prefix"])
+        if rest_sums[0] != args.events - rest["failed_events"]:
+            notes.append(
+                f"ingest_event holds {rest_sums[0]} rows of this run, expected "
+                f"{args.events - rest['failed_events']}"
+            )
+
+        # --- COPY ceiling ---
+        if not args.skip_ceiling:
+            with psycopg.connect(args.database_url, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE ingest_event INCLUDING ALL)").format(
+                        sql.Identifier(CEILING_TABLE)
+                    )
+                )
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
+                conn.execute(CEILING_FK_DROP)
+                if args.ceiling_fk:
+                    # LIKE copies no foreign key: add ingest_event's one (to the run; deferred, as Django makes it),
+                    # and use the run pks the server stored, so that the rows satisfy them.
+                    conn.execute(CEILING_FK_ADD)
+                    cfg["run_pks"] = dict(
+                        conn.execute(
+                            "SELECT run_id, id FROM ingest_run WHERE run_id LIKE %s", (cfg["prefix"] + "-c%",)
+                        ).fetchall()
+                    )
+            checkpoint(args.database_url)
+            print(f"COPY ceiling: {args.clients} processes ...", flush=True)
+            phase = run_phase(copy_client, [([i], cfg, tenant_id) for i in range(args.clients)], args.timeout)
+            par = summarise(phase)
+            par["phase"] = phase
+            ceiling_sums = stored_sums(args.database_url)
+            if rest_sums != ceiling_sums and not rest["failed_events"]:
+                notes.append(f"the ceiling rows differ from the REST rows: {ceiling_sums} vs {rest_sums}")
+            elif not rest["failed_events"]:
+                notes.append(
+                    f"checked: bench_ceiling holds the same {ceiling_sums[0]} rows as ingest_event "
+                    "(count, sum of seq, checksum of seq|event_id|type|ts|body)"
+                )
+            with psycopg.connect(args.database_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
+            checkpoint(args.database_url)
+            print("COPY ceiling: 1 process ...", flush=True)
+            phase = run_phase(copy_client, [(list(range(args.clients)), cfg, tenant_id)], args.timeout)
+            single = summarise(phase)
+            single["phase"] = phase
+            for part in (par, single):
+                for err in part["errors"]:
+                    print(f"  ceiling error: {err}", file=sys.stderr)
+                short = sum(r["expected"] - r["events"] for r in part["ok"]) + (
+                    args.events if not part["ok"] else 0
+                )
+                if short or part["errors"]:
+                    failed += 1
+                    notes.append("the ceiling did not copy every row (error or hard timeout)")
+    finally:
+        if spy is not None and spy.poll() is None:
+            spy.kill()
+        if server is not None:
+            server.stop()
+    return {"rest": rest, "par": par, "single": single, "failed": failed}
+
+
 def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -595,6 +739,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-ceiling", action="store_true", help="only the REST phase")
     parser.add_argument(
+        "--runs-per-batch",
+        default="20,1000",
+        help="the shapes to measure, one after the other: runs whose events a batch holds, comma "
+        "separated (default 20,1000: an agent framework's batches, an OpenTelemetry collector's)",
+    )
+    parser.add_argument(
         "--app",
         default="loopwatch.asgi:application",
         help="the ASGI app uvicorn serves (to measure a variant; PYTHONPATH is passed on)",
@@ -621,6 +771,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     if urlsplit(args.redis_url).path.strip("/") in ("", "0"):
         parser.error("--redis-url: name a Redis db of its own (like /15); it is flushed at the end")
+    try:
+        shapes = [int(part) for part in args.runs_per_batch.split(",")]
+    except ValueError:
+        parser.error("--runs-per-batch: whole numbers separated by commas, like 20,1000")
+    if not shapes or min(shapes) < 1:
+        parser.error("--runs-per-batch: each shape must be at least 1 run")
 
     # Ctrl-C or a plain kill must still stop the server and clean up (the finally below): also when
     # started in the background, where SIGINT comes ignored.
@@ -634,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefix": prefix,
         "batch": args.batch,
         "per_client": share(args.events, args.batch, args.clients),
-        "pool": max(1, round(args.batch * 0.04)),  # ~50 distinct runs in a batch of 1,000
+        "pool": shapes[0],  # runs per batch: set per shape below
         "port": args.port,
         "timeout": args.timeout,
         "request_timeout": min(args.request_timeout, args.timeout),
@@ -643,11 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     env = server_env(args)
     failed = 0
-    rest: dict = {}
-    par: dict = {}
-    single: dict = {}
-    server: Server | None = None
-    spy: subprocess.Popen | None = None
+    results: dict[int, dict] = {}
     notes: list[str] = []
     try:
         if not port_free(args.port):
@@ -670,122 +822,17 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
 
-        # --- REST ---
-        server = Server(args, env, key)
-        server.wait_ready()
-        workers = server.worker_pids()
-        checkpoint(args.database_url)
-        if args.py_spy:
-            out = Path(args.py_spy)
-            fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(out.suffix, "raw")
-            spy = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "py-spy"),
-                    "record",
-                    "--pid",
-                    str(workers[0]),
-                    "--idle",
-                    "--format",
-                    fmt,
-                    "-o",
-                    str(out),
-                    "--rate",
-                    "200",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-            time.sleep(1.0)
-        print(
-            f"REST: {args.events} events, batches of {args.batch}, {args.clients} clients, "
-            f"{args.workers} workers (pids {workers}), seed {seed} ...",
-            flush=True,
-        )
-        phase = run_phase(rest_client, [(i, cfg, key) for i in range(args.clients)], args.timeout, workers)
-        rest = summarise(phase)
-        rest["phase"] = phase
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            try:
-                _, err = spy.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                spy.kill()
-                _, err = spy.communicate()
-            notes.append(f"py-spy profile of worker {workers[0]}: {args.py_spy} (exit {spy.returncode})")
-            if spy.returncode:
-                notes.append(f"py-spy said: {err.decode(errors='replace')[-500:]}")
-            spy = None
-        failed_batches = sum(r["failed_batches"] for r in rest["ok"])
-        failed_events = sum(r["failed_events"] for r in rest["ok"])
-        for r in rest["ok"]:
-            for line in r["failures"]:
-                print(f"  client {r['idx']}: {line}", file=sys.stderr)
-        for err in rest["errors"]:
-            print(f"  client error: {err}", file=sys.stderr)
-        lost = args.events - sum(r["events"] for r in rest["ok"])  # clients that crashed or never reported
-        failed = failed_batches + (lost + args.batch - 1) // args.batch
-        rest["failed_batches"] = failed
-        rest["failed_events"] = failed_events + lost
-        rest["bytes"] = sum(r["bytes"] for r in rest["ok"])
-        rest["queued"] = redis_queued(args.redis_url)
-        server.stop()
-        server = None
-        rest_sums = stored_sums(args.database_url, prefix=prefix)
-        if rest_sums[0] != args.events - rest["failed_events"]:
-            notes.append(
-                f"ingest_event holds {rest_sums[0]} rows of this run, expected "
-                f"{args.events - rest['failed_events']}"
-            )
-
-        # --- COPY ceiling ---
-        if not args.skip_ceiling:
-            with psycopg.connect(args.database_url, autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE ingest_event INCLUDING ALL)").format(
-                        sql.Identifier(CEILING_TABLE)
-                    )
-                )
-                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
-                conn.execute(CEILING_FK_DROP)
-                if args.ceiling_fk:
-                    # LIKE copies no foreign key: add ingest_event's one (to the run; deferred, as Django makes it),
-                    # and use the run pks the server stored, so that the rows satisfy them.
-                    conn.execute(CEILING_FK_ADD)
-                    cfg["run_pks"] = dict(
-                        conn.execute(
-                            "SELECT run_id, id FROM ingest_run WHERE run_id LIKE %s", (prefix + "-c%",)
-                        ).fetchall()
-                    )
-            checkpoint(args.database_url)
-            print(f"COPY ceiling: {args.clients} processes ...", flush=True)
-            phase = run_phase(copy_client, [([i], cfg, tenant_id) for i in range(args.clients)], args.timeout)
-            par = summarise(phase)
-            par["phase"] = phase
-            ceiling_sums = stored_sums(args.database_url)
-            if rest_sums != ceiling_sums and not rest["failed_events"]:
-                notes.append(f"the ceiling rows differ from the REST rows: {ceiling_sums} vs {rest_sums}")
-            elif not rest["failed_events"]:
-                notes.append(
-                    f"checked: bench_ceiling holds the same {ceiling_sums[0]} rows as ingest_event "
-                    "(count, sum of seq, checksum of seq|event_id|type|ts|body)"
-                )
-            with psycopg.connect(args.database_url, autocommit=True) as conn:
-                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
-            checkpoint(args.database_url)
-            print("COPY ceiling: 1 process ...", flush=True)
-            phase = run_phase(copy_client, [(list(range(args.clients)), cfg, tenant_id)], args.timeout)
-            single = summarise(phase)
-            single["phase"] = phase
-            for part in (par, single):
-                for err in part["errors"]:
-                    print(f"  ceiling error: {err}", file=sys.stderr)
-                short = sum(r["expected"] - r["events"] for r in part["ok"]) + (
-                    args.events if not part["ok"] else 0
-                )
-                if short or part["errors"]:
-                    failed += 1
-                    notes.append("the ceiling did not copy every row (error or hard timeout)")
+        for runs_per_batch in shapes:
+            print(f"--- {runs_per_batch} runs per batch ---", flush=True)
+            cfg["pool"] = runs_per_batch
+            cfg["prefix"] = f"{prefix}-r{runs_per_batch}"
+            cfg.pop("run_pks", None)
+            reset_tables(args.database_url)
+            redis_purge(args.redis_url)
+            shape_notes: list[str] = []
+            results[runs_per_batch] = shape = measure_shape(args, cfg, env, key, tenant_id, shape_notes)
+            notes.extend(f"{runs_per_batch} runs per batch: {note}" for note in shape_notes)
+            failed += shape["failed"]
     except SetupError as exc:
         print(f"SETUP ERROR: {exc}", file=sys.stderr)
         return 2
@@ -793,10 +840,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"INTERRUPTED ({exc or 'Ctrl-C'}): server stopped, clean-up done", file=sys.stderr)
         return 130
     finally:
-        if spy is not None and spy.poll() is None:
-            spy.kill()
-        if server is not None:
-            server.stop()
         with contextlib.suppress(Exception):
             with psycopg.connect(args.database_url, autocommit=True) as conn:
                 conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(CEILING_TABLE)))
@@ -805,22 +848,68 @@ def main(argv: list[str] | None = None) -> int:
             purged = redis_purge(args.redis_url)
             notes.append(f"purged Redis {args.redis_url} ({purged} keys)")
 
-    report(args, rest, par, single, pg_version, sync_commit, shared_buffers, idle_busy, notes)
+    for runs_per_batch, shape in results.items():
+        report(
+            args,
+            runs_per_batch,
+            shape["rest"],
+            shape["par"],
+            shape["single"],
+            pg_version,
+            sync_commit,
+            shared_buffers,
+            idle_busy,
+        )
+    summary(args, results, notes)
     return 1 if failed else 0
+
+
+def summary(args, results: dict[int, dict], notes: list[str]) -> None:
+    """The shapes side by side: REST against the COPY ceiling of the same rows (--clients processes),
+    and the ratio each must reach."""
+    line = "-" * 74
+    print()
+    print(
+        f"summary: REST / COPY ceiling ({args.clients} processes) per shape; the target is {TARGET:.2f} x COPY"
+    )
+    print(line)
+    for runs_per_batch, shape in results.items():
+        rest, par = shape["rest"], shape["par"]
+        label = f"{runs_per_batch} runs per batch"
+        if not par:
+            print(f"{label:<22}{rest['rate']:>10,.0f} events/s   (no ceiling measured)")
+            continue
+        ratio = rest["rate"] / par["rate"] if par["rate"] else 0.0
+        verdict = "meets" if ratio >= TARGET else "BELOW"
+        print(
+            f"{label:<22}{rest['rate']:>10,.0f} events/s   COPY {par['rate']:>8,.0f} rows/s   "
+            f"{ratio:.2f} x COPY   {verdict} the ceiling of {TARGET:.2f} x COPY"
+        )
+    print(line)
+    for note in notes:
+        print(f"note: {note}")
+    print(
+        f"note: the database {urlsplit(args.database_url).path.lstrip('/')} stays (ingest_event keeps the last "
+        f"shape's rows; {CEILING_TABLE} was emptied); the next run empties both first"
+    )
 
 
 def _ms(x: float) -> str:
     return f"{x * 1000:8.1f} ms"
 
 
-def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, idle_busy, notes) -> None:
+def report(
+    args, runs_per_batch, rest, par, single, pg_version, sync_commit, shared_buffers, idle_busy
+) -> None:
     events_ok = rest["events"]
     mean_size = rest["bytes"] / max(1, sum(r["events"] for r in rest["ok"]))
     phase = rest["phase"]
     line = "-" * 74
     print()
     print(line)
-    print(f"{'loopwatch ingest benchmark':<40}{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC")
+    print(
+        f"{f'loopwatch ingest benchmark: {runs_per_batch} runs per batch':<54}{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    )
     print(line)
     print(
         f"environment      : {os.cpu_count()} cores, PostgreSQL {pg_version} (synchronous_commit={sync_commit}, "
@@ -883,12 +972,6 @@ def report(args, rest, par, single, pg_version, sync_commit, shared_buffers, idl
             "accepted — see the messages above !!!"
         )
     print(line)
-    for note in notes:
-        print(f"note: {note}")
-    print(
-        f"note: the database {urlsplit(args.database_url).path.lstrip('/')} stays (ingest_event keeps this "
-        f"run's rows; {CEILING_TABLE} was emptied); the next run empties both first"
-    )
 
 
 if __name__ == "__main__":

@@ -6,4 +6,5 @@ urlpatterns = [
     path("runs/", include("dashboards.runs.urls")),
     path("queue/", include("dashboards.queue.urls")),
     path("thresholds/", include("dashboards.thresholds.urls")),
+    path("notifications/", include("dashboards.notifications.urls")),
 ]

@@ -3,7 +3,9 @@
 Authenticate with `Authorization: Bearer <key>` on the handshake, or with a first
 message {"auth": "<key>"}. Then each message is one event or an array of events
 and gets an ack: {"ack": n, "accepted": .., "duplicate": .., "rejected": .., "results": [...]}.
-A bad message gets {"ack": n, "error": code, "detail": ...} and the socket stays open.
+A bad message gets {"ack": n, "error": code, "detail": ...} and the socket stays open; a message
+over a rate limit or quota gets {"ack": n, "error": "rate_limited", "detail": ..., "limit": name,
+"retry_after_s": s} (nothing of it stored: send it again after that long).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from ingest.api.errors import ApiError
+from ingest.api.errors import ApiError, RateLimited
 from ingest.api.events import check_batch_size, ingest_batch
 from ingest.auth import bearer_token
 from ingest.models import ApiKey
@@ -99,10 +101,11 @@ class EventsConsumer(AsyncWebsocketConsumer):
         try:
             check_batch_size(events)
             result = await database_sync_to_async(ingest_batch)(
-                tenant=self.key.tenant,
-                events=events,
-                ledger_scope=ApiKey.Scope.LEDGER in self.key.scopes,
+                key=self.key, events=events, transport="websocket"
             )
+        except RateLimited as exc:
+            await self._send({"ack": ack, **exc.body()})
+            return
         except ApiError as exc:
             await self._send({"ack": ack, "error": exc.error_code, "detail": str(exc.detail)})
             return

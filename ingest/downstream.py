@@ -91,9 +91,10 @@ def target_for(template: str, *, operation_key: str, external_request_id: str) -
     )
 
 
-def _address(host: str, port: int) -> str:
-    """The address to connect to: every address of the host must be allowed, the first is used."""
-    allowed = {h.lower().strip("[]") for h in settings.LOOPWATCH_RECONCILER_ALLOWED_HOSTS}
+def _address(host: str, port: int, *, setting: str = "LOOPWATCH_RECONCILER_ALLOWED_HOSTS") -> str:
+    """The address to connect to: every address of the host must be allowed (by the list `setting`
+    names), the first is used."""
+    allowed = {h.lower().strip("[]") for h in getattr(settings, setting)}
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -107,7 +108,7 @@ def _address(host: str, port: int) -> str:
         if address.split("%")[0].lower() not in allowed and not _public(address):
             raise Refused(
                 f"host {host!r} ({address}) is private, loopback or link-local: not allowed unless "
-                "LOOPWATCH_RECONCILER_ALLOWED_HOSTS names it"
+                f"{setting} names it"
             )
     return addresses[0]
 
@@ -148,14 +149,39 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
         self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
 
 
+def url_target(url: str, *, setting: str) -> Target:
+    """A fixed URL (a notification's webhook) checked as a template's request is: http(s), no
+    credentials, a host whose every address is public unless the list `setting` names it; else Refused."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise Refused("url: must be an http:// or https:// URL")
+    if "@" in parts.netloc:
+        raise Refused("url: must not hold credentials (user:password@)")
+    if not parts.hostname:
+        raise Refused("url: must name a host")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise Refused("url: the port is not a number from 0 to 65535") from None
+    return Target(
+        url=url,
+        scheme=parts.scheme,
+        host=parts.hostname,
+        port=port,
+        path=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+        address=_address(parts.hostname, port, setting=setting),
+    )
+
+
 def downstream_fetch(
-    target: Target, *, method: str, headers: dict[str, str], timeout: float
+    target: Target, *, method: str, headers: dict[str, str], timeout: float, body: bytes | None = None
 ) -> tuple[int, bytes]:
-    """(status, at most MAX_BODY_BYTES of the body); OSError/HTTPException when there is no answer."""
+    """(status, at most MAX_BODY_BYTES of the body); OSError/HTTPException when there is no answer.
+    No redirect is followed: a 3xx is returned as it is."""
     conn_class = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
     conn = conn_class(target, timeout)
     try:
-        conn.request(method, target.path, headers={"Accept": "application/json", **headers})
+        conn.request(method, target.path, body=body, headers={"Accept": "application/json", **headers})
         response = conn.getresponse()
         return response.status, response.read(MAX_BODY_BYTES)
     finally:

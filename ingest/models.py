@@ -11,20 +11,49 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+UNSET = "Empty: the LOOPWATCH_TENANT_* default on a tenant, none on a key. 0: no limit."
 
-class Tenant(models.Model):
-    """Who owns runs: the unit of access control."""
+
+class Quotas(models.Model):
+    """Rate limits and quotas (ingest.quotas): on a tenant, empty takes the LOOPWATCH_TENANT_*
+    setting; on a key, empty is no limit of the key's own. 0 is no limit."""
+
+    events_per_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Events a second, REST, WebSocket and OTLP spans together. " + UNSET
+    )
+    events_per_day = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Events a UTC day. " + UNSET
+    )
+    checks_per_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Guard checks a second. " + UNSET
+    )
+
+    class Meta:
+        abstract = True
+
+
+class Tenant(Quotas):
+    """Who owns runs: the unit of access control, and of quotas."""
 
     slug = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "Days its events, model rounds and tool calls are kept after its runs end; blank: "
+            "LOOPWATCH_RETENTION_DAYS. Runs' figures and detections stay LOOPWATCH_RUN_RETENTION_DAYS."
+        ),
+    )
 
     def __str__(self) -> str:
         return self.slug
 
 
-class ApiKey(models.Model):
-    """A bearer key of one tenant. Only the sha256 of the key is stored."""
+class ApiKey(Quotas):
+    """A bearer key of one tenant. Only the sha256 of the key is stored. Its quotas hold beside
+    the tenant's (both must allow a request)."""
 
     class Scope(models.TextChoices):
         INGEST = "ingest"
@@ -131,6 +160,14 @@ class Run(models.Model):
     )
     handoff = models.JSONField(
         null=True, blank=True, help_text="Set when the run was handed to a person: why, and what was tried."
+    )
+    guard_checked_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=(
+            "The first guard check of the run: its interventions could reach the agent through the guard "
+            "(GuardDelivery says which did); NULL: detected from traces only."
+        ),
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -271,6 +308,29 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} {self.tool}#{self.call_id}"
+
+
+class RetentionPurge(models.Model):
+    """A partition of events (one day's runs, ingest.retention) from which the rows of a tenant that
+    keeps its events for less than the longest retention were deleted before the partition's drop;
+    with no tenant: every such tenant's rows are gone from it. Recorded so that a partition is not
+    gone through again."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    partition = models.CharField(max_length=63, help_text="The events partition's table name.")
+    events = models.BigIntegerField(default=0, help_text="Event rows deleted.")
+    purged_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "partition"], name="retention_purge_tenant_partition"),
+            models.UniqueConstraint(
+                fields=["partition"], condition=Q(tenant__isnull=True), name="retention_purge_partition_done"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id or 'all'} {self.partition}"
 
 
 class PendingResult(models.Model):
@@ -690,3 +750,173 @@ class Reconciler(models.Model):
             isinstance(f, str) and f for f in self.keep_fields
         ):
             raise ValidationError({"keep_fields": 'must be a JSON list of dotted paths, e.g. ["id"]'})
+
+
+class Incident(models.Model):
+    """One problem of one run: its detections of one (kind, signature) folded together.
+
+    A run's correct, then handoff, then terminate for the same repeated call are one incident, with
+    its current action, the steps it escalated through, first and last seen, and one verdict.
+    Written by the detection pass in the transaction that stores the detections (ingest.incidents);
+    a problem with observations only is not an incident.
+    """
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        RESOLVED = "resolved", "resolved (verdict given)"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="incidents")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="incidents")
+    kind = models.CharField(max_length=32)
+    signature = models.CharField(max_length=64, blank=True, default="")
+    tool = models.CharField(max_length=200, blank=True, default="")
+    backend = models.CharField(max_length=100, blank=True, default="")
+    model = models.CharField(max_length=200, blank=True, default="")
+    task_type = models.CharField(max_length=100, blank=True, default="")
+    agent = models.CharField(max_length=200, blank=True, default="")
+    action = models.CharField(
+        max_length=16,
+        choices=Detection.Action.choices,
+        help_text="The strongest action stored; observe for a kind in shadow (see shadow).",
+    )
+    shadow = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        help_text="In shadow: the strongest action it would have taken.",
+    )
+    steps = models.JSONField(
+        default=list,
+        help_text="Its detections in event order (at most STEPS_MAX): [{id, seq, action, shadow, count, ts}].",
+    )
+    alerts = models.PositiveIntegerField(default=0, help_text="Its detections (interventions and shadow).")
+    hint = models.TextField(blank=True, default="", help_text="The latest detection's hint.")
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    last_detection_id = models.BigIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    verdict = models.CharField(max_length=16, choices=Detection.Feedback.choices, blank=True, default="")
+    verdict_note = models.TextField(blank=True, default="")
+    verdict_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    verdict_at = models.DateTimeField(null=True, blank=True)
+    notified_action = models.CharField(
+        max_length=16, blank=True, default="", help_text="The action its notifications were sent for last."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "kind", "signature"], name="incident_problem_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "-id"], name="incident_tenant_newest"),
+            models.Index(fields=["tenant", "status", "-id"], name="incident_tenant_status"),
+            models.Index(fields=["tenant", "last_seen"], name="incident_tenant_last_seen"),
+        ]
+
+    def __str__(self) -> str:
+        return f"incident {self.pk}: {self.run_id} {self.kind} {self.action}"
+
+
+class GuardDelivery(models.Model):
+    """An intervention a guard check answered with: it reached the agent, not only the trace.
+
+    One row per (run, kind, signature, action), from the first check that answered it.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="guard_deliveries")
+    kind = models.CharField(max_length=32)
+    signature = models.CharField(max_length=64, blank=True, default="")
+    action = models.CharField(max_length=16, choices=Detection.Action.choices)
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "kind", "signature", "action"], name="guard_delivery_once"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.kind} {self.action} delivered"
+
+
+class NotificationRule(models.Model):
+    """Where a tenant's incidents go when they match: a webhook, a Slack incoming webhook, e-mail.
+
+    An empty match list matches anything. An incident notifies a rule once per action it reaches.
+    """
+
+    class Channel(models.TextChoices):
+        WEBHOOK = "webhook"
+        SLACK = "slack", "Slack incoming webhook"
+        EMAIL = "email", "e-mail"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notification_rules")
+    name = models.CharField(max_length=200)
+    enabled = models.BooleanField(default=True)
+    channel = models.CharField(max_length=8, choices=Channel.choices)
+    url = models.CharField(
+        max_length=1000, blank=True, default="", help_text="webhook and Slack: http(s) URL"
+    )
+    secret = models.CharField(
+        max_length=200, blank=True, default="", help_text="webhook: the HMAC-SHA256 key of the signature"
+    )
+    emails = models.JSONField(default=list, blank=True, help_text="e-mail: the addresses")
+    kinds = models.JSONField(default=list, blank=True)
+    actions = models.JSONField(default=list, blank=True)
+    backends = models.JSONField(default=list, blank=True)
+    task_types = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "enabled"], name="notify_rule_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}:{self.name} ({self.channel})"
+
+
+class NotificationDelivery(models.Model):
+    """One notification of one incident (or a rule's test) to one rule's target, with its attempts."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RETRYING = "retrying"
+        SENT = "sent"
+        FAILED = "failed"
+
+    rule = models.ForeignKey(NotificationRule, on_delete=models.CASCADE, related_name="deliveries")
+    incident = models.ForeignKey(
+        Incident, on_delete=models.CASCADE, null=True, blank=True, related_name="notifications"
+    )
+    action = models.CharField(max_length=16, help_text="The escalation step notified.")
+    test = models.BooleanField(default=False)
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    status_code = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The last answer's HTTP status."
+    )
+    error = models.TextField(blank=True, default="")
+    log = models.JSONField(default=list, help_text="Every attempt: [{at, status_code, error}].")
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One incident notifies a rule once per escalation step, never per alert row.
+            models.UniqueConstraint(
+                fields=["rule", "incident", "action"],
+                condition=Q(incident__isnull=False),
+                name="notify_once_per_step",
+            ),
+        ]
+        indexes = [models.Index(fields=["rule", "-id"], name="notify_delivery_rule")]
+
+    def __str__(self) -> str:
+        return f"{self.rule_id} {self.incident_id or 'test'} {self.action} {self.status}"

@@ -7,9 +7,17 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
-from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUN, TASK_DETECT_RUNS, TASK_DETECT_SWEEP
+from ingest.events import (
+    TASK_DETECT_PENDING,
+    TASK_DETECT_RUN,
+    TASK_DETECT_RUNS,
+    TASK_DETECT_SWEEP,
+    TASK_INCIDENTS_NOTIFY,
+    TASK_NOTIFICATION_DELIVER,
+)
 from ingest.ledger import leases_expire, operations_purge, reconcile_due
 from ingest.models import RunCursor
+from ingest.notify import incidents_notify_create, notification_send
 from ingest.otlp.service import otlp_parked_sweep as parked_spans_sweep
 from ingest.services import detection_enqueue, run_process, runs_pending_process, runs_process
 
@@ -78,3 +86,27 @@ def otlp_parked_sweep() -> int:
         max_age_s=settings.LOOPWATCH_OTLP_PARK_S, max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES
     )
     return placed + dropped
+
+
+@shared_task(name=TASK_INCIDENTS_NOTIFY, soft_time_limit=60, time_limit=90)
+def incidents_notify(incident_ids: list[int], ts: str) -> int:
+    """The notifications of these incidents' current step (ingest.notify); twice is harmless."""
+    return incidents_notify_create(incident_ids=incident_ids)
+
+
+@shared_task(name=TASK_NOTIFICATION_DELIVER, soft_time_limit=60, time_limit=90)
+def notification_deliver(delivery_id: int) -> str:
+    """One attempt at a notification; the next is queued with a backoff when it may pass."""
+    return notification_send(delivery_id=delivery_id)
+
+
+@shared_task(name="ingest.retention_apply", soft_time_limit=840, time_limit=900)
+def retention_apply(now: str | None = None) -> list[str]:
+    """Partitions ahead, the day's block of run ids, then what retention removes (ingest.retention).
+    Harmless twice or concurrently. `now`: ISO time of the pass (beat sends none: the clock's)."""
+    from datetime import datetime
+
+    from ingest.retention import retention_apply as apply
+
+    report = apply(now=datetime.fromisoformat(now) if now else timezone.now())
+    return report.lines()

@@ -50,6 +50,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: counts every answer, the 500s and 503s of the middleware below included.
+    "ingest.metrics.ResponsesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "loopwatch.security.ContentSecurityPolicyMiddleware",
     # Serves static files from the ASGI server itself: no separate web server needed.
@@ -58,6 +60,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The dashboards' GETs read from DATABASE_REPLICA_URL when set (loopwatch/db/replica.py).
+    "loopwatch.db.replica.ReplicaReadsMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
@@ -105,6 +109,18 @@ else:
     }
     (BASE_DIR / "var").mkdir(exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# A streaming replica of DATABASE_URL's database: the dashboards' pages read from it
+# (loopwatch/db/replica.py says which reads, and how a person's own writes stay visible to them).
+DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL")
+# Seconds a browser that changed something on a page reads from the primary (read-your-writes).
+LOOPWATCH_REPLICA_PIN_S = env_int("LOOPWATCH_REPLICA_PIN_S", 10, minimum=0)
+if DATABASE_REPLICA_URL:
+    if not DATABASE_URL or not DATABASE_URL.startswith(("postgres", "pgsql")):
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL: needs a PostgreSQL DATABASE_URL (the primary)")
+    DATABASES["replica"] = database_from_url("DATABASE_REPLICA_URL", DATABASE_REPLICA_URL)
+    # Tests make no database of their own for it: it is the primary's (a copy of it).
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["loopwatch.db.replica.ReplicaRouter"]
 
 # Read after DATABASE_URL: without one (the embedded mode) a missing key is made, not refused.
 SECRET_KEY = env_str("SECRET_KEY")
@@ -180,6 +196,9 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-reconcile": {"task": "ingest.ledger_reconcile", "schedule": 15.0},
     "ledger-purge": {"task": "ingest.ledger_purge", "schedule": 3600.0},
     "otlp-parked-sweep": {"task": "ingest.otlp_parked_sweep", "schedule": 60.0},
+    # Partitions made ahead, the day's run id block, then what retention removes (docs/retention.md).
+    "retention": {"task": "ingest.retention_apply", "schedule": 3600.0},
+    "overview-rollup-purge": {"task": "dashboards.overview_rollup_purge", "schedule": 3600.0},
     # The overview's hourly rollup: closed hours, and hours whose runs or detections changed since.
     "overview-rollup": {
         "task": "dashboards.overview_rollup",
@@ -239,17 +258,53 @@ def _reconciler_headers(value: dict) -> dict:
 LOOPWATCH_RECONCILER_HEADERS = _reconciler_headers(_env_json("LOOPWATCH_RECONCILER_HEADERS", {}))
 # Hosts (names or addresses) a reconciler may ask although they are private, loopback or link-local.
 LOOPWATCH_RECONCILER_ALLOWED_HOSTS = env_list("LOOPWATCH_RECONCILER_ALLOWED_HOSTS", [])
+# Hosts (names or addresses) a notification rule's webhook may reach although they are private,
+# loopback or link-local (docs/operators.md).
+LOOPWATCH_NOTIFY_ALLOW_HOSTS = env_list("LOOPWATCH_NOTIFY_ALLOW_HOSTS", [])
+# The address of this installation, for the links notifications carry ("" : relative links).
+LOOPWATCH_PUBLIC_URL = env_str("LOOPWATCH_PUBLIC_URL").rstrip("/")
+# Notification e-mail goes through Django's mail backend: SMTP when EMAIL_HOST is set, else the console.
+EMAIL_HOST = env_str("EMAIL_HOST")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "loopwatch@localhost")
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
 # Days to keep finished operations, per tool, "default" for the rest.
 LOOPWATCH_LEDGER_TTL_DAYS = _env_json("LOOPWATCH_LEDGER_TTL_DAYS", {"default": 30})
 if not all(isinstance(v, int | float) and v > 0 for v in LOOPWATCH_LEDGER_TTL_DAYS.values()):
     raise ImproperlyConfigured("LOOPWATCH_LEDGER_TTL_DAYS: every value must be a positive number of days")
 LOOPWATCH_LEDGER_TTL_DAYS.setdefault("default", 30)
+
+# --- retention (docs/retention.md) -------------------------------------------------
+# Days a run's events, model rounds and tool calls are kept after it ended (or went silent), for the
+# tenants without a retention of their own (Tenant.retention_days).
+LOOPWATCH_RETENTION_DAYS = env_int("LOOPWATCH_RETENTION_DAYS", 30, minimum=1)
+# Runs themselves (their figures, cursor and detections) stay longer; a tenant whose events are kept
+# longer keeps its runs at least as long.
+LOOPWATCH_RUN_RETENTION_DAYS = env_int("LOOPWATCH_RUN_RETENTION_DAYS", 400, minimum=1)
+# The overview's hourly rollups stay longer still: the charts of past years outlive their runs.
+LOOPWATCH_ROLLUP_RETENTION_DAYS = env_int("LOOPWATCH_ROLLUP_RETENTION_DAYS", 800, minimum=1)
 LOOPWATCH_METRICS_TOKEN = env_str("LOOPWATCH_METRICS_TOKEN")
 # Without a token, /metrics answers only in the embedded mode with DEBUG on (the Quickstart), or when
 # said explicitly (a scraper on a network that keeps others out).
 LOOPWATCH_METRICS_PUBLIC = env_bool("LOOPWATCH_METRICS_PUBLIC", DEBUG and not DATABASE_URL)
 # Distinct tool names a process labels its metrics with; the rest are counted as "other".
 LOOPWATCH_METRICS_MAX_TOOLS = env_int("LOOPWATCH_METRICS_MAX_TOOLS", 50, minimum=1)
+# Tenants (slugs) whose metrics carry their slug as the `tenant` label; the others are "other".
+LOOPWATCH_METRICS_TENANTS = frozenset(env_list("LOOPWATCH_METRICS_TENANTS", []))
+# Rate limits and quotas of a tenant that sets none of its own (ingest.quotas, docs/limits.md); 0: none.
+LOOPWATCH_TENANT_EVENTS_PER_S = env_int("LOOPWATCH_TENANT_EVENTS_PER_S", 0, minimum=0)
+LOOPWATCH_TENANT_EVENTS_PER_DAY = env_int("LOOPWATCH_TENANT_EVENTS_PER_DAY", 0, minimum=0)
+LOOPWATCH_TENANT_CHECKS_PER_S = env_int("LOOPWATCH_TENANT_CHECKS_PER_S", 0, minimum=0)
+# Seconds' worth of a rate a tenant or key may send at once after a quiet while (the bucket's size).
+LOOPWATCH_RATE_BURST_S = env_int("LOOPWATCH_RATE_BURST_S", 2, minimum=1)
 # Live alerts sockets one user may hold open at once (each joins groups and polls); more → 4429.
 LOOPWATCH_ALERT_SOCKETS_PER_USER = env_int("LOOPWATCH_ALERT_SOCKETS_PER_USER", 10, minimum=1)
 # Seconds an API key stays cached in a server process: revoking takes effect in the revoking

@@ -109,3 +109,12 @@ def fresh_channel_layer():
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+@pytest.fixture
+def receiver():
+    """A local HTTP receiver (tests.live.receiver_serve) for outbound requests: notifications."""
+    from tests.live import receiver_serve
+
+    with receiver_serve() as state:
+        yield state

@@ -9,10 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,45 @@ def uvicorn_serve(log: Path, **env: str) -> Iterator[tuple[str, subprocess.Popen
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
+
+
+@dataclass
+class Receiver:
+    """What a local receiver got; `answers` are the statuses it gives, in order (then 200)."""
+
+    url: str
+    answers: list[int] = field(default_factory=list)
+    received: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
+    redirect_hits: int = 0
+
+
+@contextlib.contextmanager
+def receiver_serve() -> Iterator[Receiver]:
+    """A local HTTP receiver (a real server in a thread) that records the POSTs it gets."""
+    state = Receiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path == "/moved-here":
+                state.redirect_hits += 1
+            state.received.append((self.path, dict(self.headers), body))
+            code = state.answers.pop(0) if state.answers else 200
+            self.send_response(code)
+            if code in (301, 302, 307, 308):
+                self.send_header("Location", state.url.rsplit("/", 1)[0] + "/moved-here")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -6,8 +6,10 @@ messages at most once: a page that reconnects catches up from the last id it saw
 ones. Messages, all JSON:
 
     {"type": "catch_up", "alerts": [...], "more": false}   once, first (more: older ones were left out)
-    {"type": "alert", "alert": {...}}                       each new intervention (and observation)
+    {"type": "alert", "alert": {...}}                       each new intervention (and observation),
+                                                            with its incident as it is now ("incident")
     {"type": "feedback", "feedback": {...}}                 someone marked an alert
+    {"type": "verdict", "verdict": {...}}                   someone gave an incident its verdict
     {"type": "error", "field": "after", "detail": "..."}    then the socket closes with 4400
 
 The pipeline publishes interventions only; with observe=1 the observations are read from the
@@ -134,6 +136,9 @@ class AlertsConsumer(AsyncWebsocketConsumer):
 
     async def alert_feedback(self, message: dict) -> None:
         await self._send({"type": "feedback", "feedback": message["feedback"]})
+
+    async def incident_verdict(self, message: dict) -> None:
+        await self._send({"type": "verdict", "verdict": message["verdict"]})
 
     # --- helpers ------------------------------------------------------------------------------
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from django.db.models import Q, QuerySet
 
 from dashboards.models import OPERATOR_ROLES, Membership
 from ingest.detection import KINDS
-from ingest.models import Detection
+from ingest.incidents import IncidentPayload, incident_deliveries, incident_payload, reached_summary
+from ingest.models import Detection, GuardDelivery, Incident, Run
 from ingest.services import alert_payload
 
 # Kinds stored besides the engine's: the ledger's duplicate side effect.
@@ -105,6 +107,7 @@ class Alert(TypedDict, total=False):
     feedback_note: str
     feedback_by: str
     feedback_at: str
+    incident: IncidentPayload | None
 
 
 def user_tenant_ids(*, user) -> list[int]:
@@ -164,7 +167,14 @@ def alerts_after(
         _detections(tenant_ids=tenant_ids, filters=filters).filter(pk__gt=after).order_by("-pk")[: limit + 1]
     )
     more = len(rows) > limit
-    return [alert_as_dict(d) for d in reversed(rows[:limit])], more
+    kept = rows[:limit]
+    incidents = incidents_for_alerts(kept)
+    alerts = []
+    for d in reversed(kept):
+        alert = alert_as_dict(d)
+        alert["incident"] = incidents.get((d.run_id, d.kind, d.signature))
+        alerts.append(alert)
+    return alerts, more
 
 
 def latest_alert_id(*, tenant_ids: list[int]) -> int:
@@ -192,3 +202,151 @@ def backends_seen(*, tenant_ids: list[int]) -> list[str]:
         Detection.objects.filter(tenant_id__in=tenant_ids).order_by("-pk").values_list("backend", flat=True)
     )
     return sorted({b for b in recent[:2000] if b})
+
+
+# --- incidents -------------------------------------------------------------------------------------
+
+PAGE_INCIDENTS = 50  # rows on a page; "older incidents" pages on by id
+RANGES = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+
+
+@dataclass(frozen=True)
+class IncidentFilters:
+    """What the incidents list shows: optionally one kind, backend, current action, status, and the
+    incidents seen within a time range (by last seen)."""
+
+    kind: str = ""
+    backend: str = ""
+    action: str = ""
+    status: str = ""
+    range: str = ""
+
+    @classmethod
+    def parse(cls, params: Any) -> IncidentFilters:
+        base = AlertFilters.parse({k: params.get(k) for k in ("kind", "backend", "action")})
+        status = (params.get("status") or "").strip()
+        if status and status not in Incident.Status.values:
+            raise AlertFilterError("status", f"must be one of {', '.join(Incident.Status.values)}")
+        range_ = (params.get("range") or "").strip()
+        if range_ and range_ not in RANGES:
+            raise AlertFilterError("range", f"must be one of {', '.join(RANGES)} (or left out: any time)")
+        return cls(kind=base.kind, backend=base.backend, action=base.action, status=status, range=range_)
+
+    def q(self, *, now: datetime) -> Q:
+        q = Q()
+        for name in ("kind", "backend", "action", "status"):
+            if getattr(self, name):
+                q &= Q(**{name: getattr(self, name)})
+        if self.range:
+            q &= Q(last_seen__gte=now - RANGES[self.range])
+        return q
+
+    def socket_query(self) -> dict[str, str]:
+        """What the live socket filters alerts on (the status and range are the page's)."""
+        return {
+            k: v for k, v in {"kind": self.kind, "backend": self.backend, "action": self.action}.items() if v
+        }
+
+    def as_query(self) -> dict[str, str]:
+        return {k: v for k, v in vars(self).items() if v}
+
+
+def _reached(incidents: list[Incident]) -> dict[int, str]:
+    """Per incident: "guard" (every step answered by a check), "partly", "traces" (a guarded run,
+    no check answered it) or "no guard" (the run does not use the guard)."""
+    runs = {i.run_id for i in incidents if i.run.guard_checked_at is not None}
+    delivered: set[tuple[int, str, str, str]] = set(
+        GuardDelivery.objects.filter(run_id__in=runs).values_list("run_id", "kind", "signature", "action")
+    )
+    out = {}
+    for i in incidents:
+        if i.run.guard_checked_at is None:
+            out[i.pk] = "no guard"
+            continue
+        actions = {s.get("action") for s in i.steps if s.get("action") != Detection.Action.OBSERVE}
+        got = {a for a in actions if (i.run_id, i.kind, i.signature, a) in delivered}
+        out[i.pk] = "guard" if got and got == actions else "partly" if got else "traces"
+    return out
+
+
+def _incident_rows(incidents: list[Incident]) -> list[dict[str, Any]]:
+    reached = _reached(incidents)
+    return [
+        {
+            **incident_payload(i, run=i.run, verdict_by=i.verdict_by.get_username() if i.verdict_by else ""),
+            "reached": reached[i.pk],
+        }
+        for i in incidents
+    ]
+
+
+def incident_list(
+    *,
+    tenant_ids: list[int],
+    filters: IncidentFilters,
+    before: int | None = None,
+    limit: int = PAGE_INCIDENTS,
+    now: datetime,
+) -> tuple[list[dict[str, Any]], bool]:
+    """The newest incidents first (by when they began: a row never moves as its incident escalates),
+    those older than `before` (an incident id) when given; and whether there are more."""
+    if not tenant_ids:
+        return [], False
+    query = Incident.objects.filter(tenant_id__in=tenant_ids).filter(filters.q(now=now))
+    if before is not None:
+        query = query.filter(pk__lt=before)
+    rows = list(query.select_related("run", "verdict_by").order_by("-pk")[: limit + 1])
+    return _incident_rows(rows[:limit]), len(rows) > limit
+
+
+def incidents_of_run(*, run: Run) -> list[dict[str, Any]]:
+    return _incident_rows(
+        list(Incident.objects.filter(run=run).select_related("run", "verdict_by").order_by("pk"))
+    )
+
+
+def latest_incident_id(*, tenant_ids: list[int]) -> int:
+    if not tenant_ids:
+        return 0
+    return (
+        Incident.objects.filter(tenant_id__in=tenant_ids).order_by("-pk").values_list("pk", flat=True).first()
+        or 0
+    )
+
+
+def incident_for_user(*, user, pk: int) -> Incident | None:
+    tenant_ids = user_tenant_ids(user=user)
+    return (
+        Incident.objects.filter(pk=pk, tenant_id__in=tenant_ids).select_related("run", "verdict_by").first()
+    )
+
+
+def incident_detail(*, incident: Incident) -> dict[str, Any]:
+    """An incident with what reached the agent, step by step."""
+    deliveries = incident_deliveries(incident=incident, run=incident.run)
+    return {
+        **_incident_rows([incident])[0],
+        "deliveries": deliveries,
+        "reached_summary": reached_summary(run=incident.run, deliveries=deliveries),
+    }
+
+
+def incidents_for_alerts(detections: list[Detection]) -> dict[tuple[int, str, str], IncidentPayload]:
+    """The incidents of these detections, by problem (run, kind, signature), as payloads."""
+    runs = {d.run_id for d in detections}
+    if not runs:
+        return {}
+    keys = {(d.run_id, d.kind, d.signature) for d in detections}
+    found = Incident.objects.filter(run_id__in=runs).select_related("run", "verdict_by")
+    return {
+        (i.run_id, i.kind, i.signature): incident_payload(
+            i, run=i.run, verdict_by=i.verdict_by.get_username() if i.verdict_by else ""
+        )
+        for i in found
+        if (i.run_id, i.kind, i.signature) in keys
+    }

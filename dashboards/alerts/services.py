@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from dashboards.overview.rollup import rollup_hours_dirty
 from ingest.events import alerts_group
-from ingest.models import Detection
+from ingest.incidents import ALERT_Q
+from ingest.models import Detection, Incident
 
 logger = logging.getLogger(__name__)
 
@@ -77,3 +78,85 @@ def _feedback_publish(*, tenant_id: int, payload: FeedbackPayload) -> None:
         )
     except Exception:  # the verdict is stored; open pages see it on their next load
         logger.exception("publishing feedback on detection %s failed", payload["id"])
+
+
+# A Channels message type of our own on the tenant's alerts group (the consumer's incident_verdict).
+VERDICT_MESSAGE = "incident.verdict"
+
+
+class IncidentVerdict(TypedDict):
+    id: int
+    status: str
+    verdict: str
+    verdict_note: str
+    verdict_by: str
+    verdict_at: str
+
+
+def incident_verdict_payload(incident: Incident) -> IncidentVerdict:
+    return {
+        "id": incident.pk,
+        "status": incident.status,
+        "verdict": incident.verdict,
+        "verdict_note": incident.verdict_note,
+        "verdict_by": incident.verdict_by.get_username() if incident.verdict_by else "",
+        "verdict_at": incident.verdict_at.isoformat() if incident.verdict_at else "",
+    }
+
+
+def incident_verdict_set(
+    *, incident: Incident, user, verdict: str, note: str = "", now: datetime | None = None
+) -> Incident:
+    """Give (or replace, or with CLEAR take back) the one verdict of an incident.
+
+    Its detections carry the same verdict: the false-alarm rate, the precision that keeps a kind in
+    shadow and the threshold preview count detections. The role check is the caller's.
+    """
+    now = now or timezone.now()
+    if verdict == CLEAR:
+        values: dict[str, Any] = {
+            "feedback": "",
+            "feedback_note": "",
+            "feedback_by": None,
+            "feedback_at": None,
+        }
+        incident.status = Incident.Status.OPEN
+    else:
+        if verdict not in Detection.Feedback.values:
+            raise ValueError(f"verdict: must be one of {', '.join(Detection.Feedback.values)} or {CLEAR}")
+        values = {
+            "feedback": verdict,
+            "feedback_note": note.strip()[:NOTE_MAX_CHARS],
+            "feedback_by": user,
+            "feedback_at": now,
+        }
+        incident.status = Incident.Status.RESOLVED
+    incident.verdict, incident.verdict_note = values["feedback"], values["feedback_note"]
+    incident.verdict_by, incident.verdict_at = values["feedback_by"], values["feedback_at"]
+    with transaction.atomic():
+        incident.save(
+            update_fields=["status", "verdict", "verdict_note", "verdict_by", "verdict_at", "updated_at"]
+        )
+        detections = Detection.objects.filter(
+            run_id=incident.run_id, kind=incident.kind, signature=incident.signature
+        ).filter(ALERT_Q)
+        times = list(detections.values_list("ts", flat=True))
+        detections.update(**values)
+        if times:
+            rollup_hours_dirty(times=times)
+        payload = incident_verdict_payload(incident)
+        tenant_id = incident.tenant_id
+        transaction.on_commit(lambda: _verdict_publish(tenant_id=tenant_id, payload=payload))
+    return incident
+
+
+def _verdict_publish(*, tenant_id: int, payload: IncidentVerdict) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            alerts_group(tenant_id), {"type": VERDICT_MESSAGE, "verdict": payload}
+        )
+    except Exception:  # the verdict is stored; open pages see it on their next load
+        logger.exception("publishing the verdict on incident %s failed", payload["id"])

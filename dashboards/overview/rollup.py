@@ -27,6 +27,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q
 
@@ -250,7 +251,8 @@ def rollup_pass(*, now: datetime, max_hours: int | None = MAX_HOURS_PER_PASS) ->
     3. Roll them, newest first, at most max_hours (None: all); the rest stay due for the next pass.
     """
     closed = hour_of(now)
-    oldest = closed - timedelta(days=ROLLUP_DAYS)
+    # Never an hour rollups_purge would delete again.
+    oldest = closed - timedelta(days=min(ROLLUP_DAYS, settings.LOOPWATCH_ROLLUP_RETENTION_DAYS))
     tenant_ids = list(Tenant.objects.values_list("pk", flat=True))
     state = RollupState.objects.filter(name=STATE).first()
     since = state.checked_at - OVERLAP if state is not None else None
@@ -287,3 +289,14 @@ def rollup_clear() -> None:
         RunRollup.objects.all().delete()
         DetectionRollup.objects.all().delete()
         RollupState.objects.filter(name=STATE).delete()
+
+
+def rollups_purge(*, now: datetime) -> int:
+    """Delete the rolled hours older than LOOPWATCH_ROLLUP_RETENTION_DAYS (their runs and detections
+    are gone sooner, LOOPWATCH_RUN_RETENTION_DAYS); returns how many hours."""
+    oldest = hour_of(now) - timedelta(days=settings.LOOPWATCH_ROLLUP_RETENTION_DAYS)
+    with transaction.atomic():
+        RunRollup.objects.filter(hour__lt=oldest).delete()
+        DetectionRollup.objects.filter(hour__lt=oldest).delete()
+        deleted, _ = RollupHour.objects.filter(hour__lt=oldest).delete()
+    return deleted

@@ -13,7 +13,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from dashboards.alerts.selectors import user_tenant_ids
+from dashboards.alerts.selectors import incident_detail, user_tenant_ids
+from dashboards.alerts.services import NOTE_MAX_CHARS
 from dashboards.models import OPERATOR_ROLES
 from dashboards.queue.forms import named_errors
 from dashboards.queue.selectors import membership_role
@@ -34,7 +35,7 @@ from dashboards.runs.selectors import (
     timeline_start_for,
 )
 from dashboards.runs.services import HandoffNotWaiting, run_handoff_answer
-from ingest.models import Run
+from ingest.models import Detection, Incident, Run
 from ingest.selectors import detection_config
 
 MAX_PAGE = 10_000
@@ -73,6 +74,23 @@ def _handoff_items(handoff: Any) -> list[tuple[str, str, bool]]:
         else:
             out.append((str(name), str(value), False))
     return out
+
+
+def _run_incidents(*, run: Run, can_mark: bool) -> list[dict[str, Any]]:
+    """The run's incidents, each with what reached the agent and a verdict form for operators."""
+    rows = []
+    for found in Incident.objects.filter(run=run).select_related("run", "verdict_by").order_by("pk"):
+        detail = incident_detail(incident=found)
+        verdict = detail["verdict"]
+        rows.append(
+            {
+                **detail,
+                "can_mark": can_mark,
+                "verdict_label": Detection.Feedback(verdict).label if verdict else "",
+                "path": " → ".join(dict.fromkeys(s["shadow"] or s["action"] for s in detail["steps"])),
+            }
+        )
+    return rows
 
 
 @login_required
@@ -170,6 +188,8 @@ def detail(request: HttpRequest, pk: int) -> HttpResponse:
             "budgets": run_budget_use(run=run, config=config),
             "operations": run_operations(run=run),
             "detections": run_detections(run=run),
+            "incidents": _run_incidents(run=run, can_mark=can_answer),
+            "note_max": NOTE_MAX_CHARS,
             "page_size": TIMELINE_EVENTS,
             "long": LONG_VALUE_CHARS,
             "handoff_items": _handoff_items(run.handoff),

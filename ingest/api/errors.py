@@ -24,6 +24,25 @@ class ApiError(exceptions.APIException):
         self.field = field
 
 
+class RateLimited(ApiError):
+    """429: over a rate limit or quota (ingest.quotas). The body names the limit and the seconds to
+    wait (also in Retry-After): {"error": "rate_limited", "detail": …, "limit": "tenant.events_per_s",
+    "retry_after_s": 2}."""
+
+    def __init__(self, over) -> None:
+        super().__init__(429, "rate_limited", str(over))
+        self.limit = over.limit.name
+        self.retry_after_s = over.retry_after_s
+
+    def body(self) -> dict:
+        return {
+            "error": self.error_code,
+            "detail": str(self.detail),
+            "limit": self.limit,
+            "retry_after_s": self.retry_after_s,
+        }
+
+
 def _flatten(detail, prefix: str = "") -> tuple[str | None, str]:
     """First (field, message) of a DRF ValidationError detail."""
     if isinstance(detail, dict):
@@ -40,7 +59,10 @@ def exception_handler(exc, context):
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
-    if isinstance(exc, ApiError):
+    if isinstance(exc, RateLimited):
+        body = exc.body()
+        response["Retry-After"] = str(exc.retry_after_s)
+    elif isinstance(exc, ApiError):
         body = {"error": exc.error_code, "detail": str(exc.detail)}
         if exc.field:
             body["field"] = exc.field
@@ -153,6 +175,7 @@ def bad_request(request, exception=None):
 __all__ = [
     "ApiError",
     "DatabaseUnavailableMiddleware",
+    "RateLimited",
     "Response",
     "bad_request",
     "database_unavailable",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -11,9 +12,11 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.views import APIView
 
-from ingest.api.errors import ApiError
+from ingest import metrics
+from ingest.api.errors import ApiError, RateLimited
 from ingest.auth import HasIngestScope
 from ingest.models import ApiKey
+from ingest.quotas import OverLimit, quota_take
 from ingest.services import EventTooLarge, IngestResult, events_ingest
 
 JSON_TYPES = ("application/json", "")
@@ -75,9 +78,28 @@ def check_batch_size(events: list[Any]) -> None:
         )
 
 
-def ingest_batch(*, tenant, events: list[Any], ledger_scope: bool) -> IngestResult:
-    """Validate and store; NDJSON lines that were not JSON come back as rejected verdicts.
-    ledger_scope: whether the sending key also has the `ledger` scope (see events_ingest)."""
+def events_quota_take(key: ApiKey, count: int) -> None:
+    """Count `count` events against the key's and its tenant's limits, or RateLimited (429)."""
+    try:
+        quota_take(key=key, what="events", cost=count)
+    except OverLimit as over:
+        metrics.events_refused(tenant=key.tenant, count=count, reason="rate_limited")
+        raise RateLimited(over) from None
+
+
+def ingest_batch(*, key: ApiKey, events: list[Any], transport: str) -> IngestResult:
+    """Take the batch from the key's limits, validate and store; NDJSON lines that were not JSON
+    come back as rejected verdicts. Counted in the metrics by verdict, and timed."""
+    events_quota_take(key, len(events))
+    started = time.perf_counter()
+    result = _ingest_batch(tenant=key.tenant, events=events, ledger_scope=ApiKey.Scope.LEDGER in key.scopes)
+    metrics.ingest_batch_timed(transport, time.perf_counter() - started)
+    metrics.events_counted(tenant=key.tenant, verdicts=result.verdicts)
+    return result
+
+
+def _ingest_batch(*, tenant, events: list[Any], ledger_scope: bool) -> IngestResult:
+    """ledger_scope: whether the sending key also has the `ledger` scope (see events_ingest)."""
     bad = {i: e.reason for i, e in enumerate(events) if isinstance(e, _BadLine)}
     if bad:
         events = [None if isinstance(e, _BadLine) else e for e in events]
@@ -89,6 +111,7 @@ def ingest_batch(*, tenant, events: list[Any], ledger_scope: bool) -> IngestResu
             ledger_scope=ledger_scope,
         )
     except EventTooLarge as exc:
+        metrics.events_refused(tenant=tenant, count=len(events), reason="too_large")
         raise ApiError(
             413, "event_too_large", f"{exc} (LOOPWATCH_MAX_EVENT_BYTES)", field=f"[{exc.index}]"
         ) from None
@@ -121,12 +144,18 @@ class ErrorSerializer(serializers.Serializer):
     field = serializers.CharField(required=False)
 
 
+class RateLimitedSerializer(ErrorSerializer):
+    limit = serializers.CharField(help_text="The limit the request was over, e.g. tenant.events_per_s.")
+    retry_after_s = serializers.IntegerField(help_text="Seconds to wait, as Retry-After says.")
+
+
 class EventsIngestApi(APIView):
     """Store a batch of trace events v1; answer a verdict per event.
 
     200: every event accepted or duplicate; 207: some rejected, the rest stored;
     422: every event rejected. 400 a body that is not JSON, 413 over a limit,
-    415 another content type, 401/403 a missing, unknown or under-scoped key.
+    415 another content type, 401/403 a missing, unknown or under-scoped key,
+    429 over a rate limit or quota of the key or its tenant (Retry-After; the body names the limit).
     """
 
     permission_classes = [HasIngestScope]
@@ -144,6 +173,7 @@ class EventsIngestApi(APIView):
             403: ErrorSerializer,
             413: ErrorSerializer,
             415: ErrorSerializer,
+            429: RateLimitedSerializer,
         },
     )
     def post(self, request):
@@ -163,11 +193,7 @@ class EventsIngestApi(APIView):
             raise ApiError(413, "body_too_large", f"body: over the limit of {limit} bytes", field="body")
         events = parse_batch(body, request.META.get("CONTENT_TYPE", ""))
         check_batch_size(events)
-        result = ingest_batch(
-            tenant=request.user.tenant,
-            events=events,
-            ledger_scope=ApiKey.Scope.LEDGER in request.auth.scopes,
-        )
+        result = ingest_batch(key=request.auth, events=events, transport="rest")
         payload = result.as_dict()
         code: int = status.HTTP_200_OK
         if payload["rejected"]:

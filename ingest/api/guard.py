@@ -3,15 +3,19 @@ POST /api/v1/runs/{run_id}/handoff: a person's answer to a run waiting for one (
 
 from __future__ import annotations
 
+import time
+
 import orjson
 from django.conf import settings
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.views import APIView
 
-from ingest.api.errors import ApiError
-from ingest.api.events import ErrorSerializer
+from ingest import metrics
+from ingest.api.errors import ApiError, RateLimited
+from ingest.api.events import ErrorSerializer, RateLimitedSerializer
 from ingest.api.inputs import FlatInput, parse_input
 from ingest.auth import HasIngestScope, HasOperateScope
 from ingest.guard import (
@@ -22,8 +26,10 @@ from ingest.guard import (
     call_check,
     run_handoff_answer,
 )
+from ingest.incidents import guard_answer_record
 from ingest.ledger import DEFAULT_LEASE_S, MAX_LEASE_S
 from ingest.models import ApiKey, Run
+from ingest.quotas import OverLimit, quota_take
 from ingest.schema import TOOL_KINDS, EventError, check_ts, find_nul, validate_event
 
 ID_MAX = 200  # worker_id, attempt_id (the ledger's columns)
@@ -164,7 +170,8 @@ class RunCheckApi(APIView):
 
     Every decision is a 200. 400 a body that is not a valid call (naming the field), 401/403 a
     missing, unknown or under-scoped key (a write also needs the `ledger` scope: its check claims
-    the operation), 404 a run not known with require_run, 413 a body over LOOPWATCH_MAX_EVENT_BYTES.
+    the operation), 404 a run not known with require_run, 413 a body over LOOPWATCH_MAX_EVENT_BYTES,
+    429 over the key's or its tenant's checks_per_s (Retry-After; the body names the limit).
     """
 
     permission_classes = [HasIngestScope]
@@ -180,9 +187,14 @@ class RunCheckApi(APIView):
             403: ErrorSerializer,
             404: ErrorSerializer,
             413: ErrorSerializer,
+            429: RateLimitedSerializer,
         },
     )
     def post(self, request, run_id: str):
+        try:
+            quota_take(key=request.auth, what="checks")
+        except OverLimit as over:
+            raise RateLimited(over) from None
         if not 0 < len(run_id) <= 200:
             raise _bad("run_id", "must be 1 to 200 characters")
         limit = settings.LOOPWATCH_MAX_EVENT_BYTES
@@ -198,6 +210,7 @@ class RunCheckApi(APIView):
             )
         call, require_run = parse_check(request.body, run_id=run_id)
         key: ApiKey = request.auth
+        started = time.perf_counter()
         try:
             answer = call_check(
                 tenant=request.user.tenant,
@@ -214,7 +227,12 @@ class RunCheckApi(APIView):
         except CallRefused as exc:
             code = "permission_denied" if exc.status == 403 else "invalid"
             raise ApiError(exc.status, code, str(exc), field=exc.field) from None
-        return HttpResponse(orjson.dumps(answer.as_dict()), content_type="application/json")
+        body = answer.as_dict()
+        # What reached the agent: this run uses the guard, and the intervention this answer carries
+        # (shown on the incident and the run's page beside what was only recorded from traces).
+        guard_answer_record(tenant_id=request.user.tenant.pk, run_id=run_id, answer=body, now=timezone.now())
+        metrics.guard_answered(decision=answer.decision, seconds=time.perf_counter() - started)
+        return HttpResponse(orjson.dumps(body), content_type="application/json")
 
 
 class HandoffAnswerInput(FlatInput):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -11,6 +12,7 @@ from rest_framework import exceptions
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.views import APIView
 
+from ingest import metrics
 from ingest.auth import HasIngestScope
 from ingest.models import ApiKey
 from ingest.otlp.service import otlp_traces_ingest
@@ -24,6 +26,7 @@ from ingest.otlp.wire import (
     response_encode,
     status_encode,
 )
+from ingest.quotas import OverLimit, quota_take
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,8 @@ class OtlpTracesIngestApi(APIView):
     200 with an ExportTraceServiceResponse (partial_success names the refused spans and why);
     400 an undecodable body, or every span refused; 401/403 a missing, unknown or under-scoped
     key (or a resource naming another tenant); 413 over a limit; 415 another content type or
-    encoding. Errors are a google.rpc.Status; everything is in the request's encoding.
+    encoding; 429 over a rate limit or quota, spans counting as events (Retry-After; the message
+    names the limit: exporters retry after it). Errors are a google.rpc.Status; everything is in the request's encoding.
     """
 
     permission_classes = [HasIngestScope]
@@ -66,6 +70,7 @@ class OtlpTracesIngestApi(APIView):
             403: OpenApiResponse(description="google.rpc.Status"),
             413: OpenApiResponse(description="google.rpc.Status"),
             415: OpenApiResponse(description="google.rpc.Status"),
+            429: OpenApiResponse(description="google.rpc.Status"),
         },
     )
     def post(self, request):
@@ -97,12 +102,23 @@ class OtlpTracesIngestApi(APIView):
                 f"{spans} spans in one export, the limit is {settings.LOOPWATCH_MAX_BATCH_EVENTS} "
                 "(LOOPWATCH_MAX_BATCH_EVENTS)",
             )
+        tenant = request.user.tenant
+        try:
+            quota_take(key=request.auth, what="events", cost=spans)
+        except OverLimit:
+            metrics.events_refused(tenant=tenant, count=spans, reason="rate_limited")
+            raise
+        started = time.perf_counter()
         result = otlp_traces_ingest(
-            tenant=request.user.tenant,
+            tenant=tenant,
             request=export,
             run_id_sources=settings.LOOPWATCH_OTLP_RUN_ID,
             max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES,
             ledger_scope=ApiKey.Scope.LEDGER in request.auth.scopes,
+        )
+        metrics.ingest_batch_timed("otlp", time.perf_counter() - started)
+        metrics.events_counted_otlp(
+            tenant=tenant, accepted=result.accepted, duplicate=result.duplicate, rejected=result.rejected
         )
         if result.rejected:
             logger.info("otlp export for %s: %s", request.user.tenant.slug, result.message())
@@ -135,8 +151,9 @@ class OtlpTracesIngestApi(APIView):
         elif isinstance(exc, exceptions.MethodNotAllowed):
             status, message = 405, f"method: {exc.detail}; send POST"
             headers["Allow"] = "POST"
-        elif isinstance(exc, exceptions.Throttled):
-            status, message = 429, str(exc.detail)
+        elif isinstance(exc, OverLimit):
+            status, message = 429, str(exc)
+            headers["Retry-After"] = str(exc.retry_after_s)
         else:
             return super().handle_exception(exc)
         response = status_response(encoding, status, message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ingest import metrics
 from ingest.events import ALERT_MESSAGE, alerts_group
 from ingest.models import (
     Detection,
@@ -62,3 +63,5 @@ def alerts_publish_all(*, alerts: list[tuple[int, dict]]) -> None:
         async_to_sync(send)()
     except Exception:  # a broken channel layer must not undo stored detections
         logger.exception("publishing %d alerts failed", len(alerts))
+    else:
+        metrics.alerts_published(alerts)

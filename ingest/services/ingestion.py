@@ -15,7 +15,7 @@ from typing import Any, Literal, NotRequired, TypedDict, cast
 import orjson
 from django.db import connection, models, transaction
 
-from ingest.bulk import concrete_field, db_column, pk_column
+from ingest.bulk import concrete_field, db_column, postgres_statements, statements_run
 from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.models import (
     Event,
@@ -29,13 +29,14 @@ from ingest.services.pipeline import detection_enqueue
 from ingest.services.postgres import (
     _EVENTS_STORED_SQL,
     _RUNS_DROP_EMPTY_SQL,
-    DESCRIPTION_FIGURES,
     RUN_FIGURES,
+    STARTED_FIGURES,
     _events_copy,
     _insert_missing_sql,
+    _merge_sql,
     _PriceBook,
-    _run_statements,
-    _RunRow,
+    _take_fields,
+    _take_sql,
 )
 
 
@@ -143,8 +144,11 @@ def events_ingest(
     return IngestResult(verdicts=[v for v in verdicts if v is not None], runs_touched=runs_touched)
 
 
-# The unique index that finds an event_id already stored for its run (ingest.models.Event).
+# The unique index that finds an event_id already stored for its run (ingest.models.Event). The table
+# is partitioned on PostgreSQL (ingest.retention): a conflict names the partition's own index, which
+# PostgreSQL names after the partition, e.g. ingest_event_d20261202_run_id_event_id_idx.
 EVENT_ID_CONSTRAINT = "event_run_event_id_uniq"
+EVENT_ID_PARTITION_INDEX = "_run_id_event_id_idx"
 
 
 def _store_atomic(
@@ -173,42 +177,251 @@ def _is_event_id_conflict(exc: BaseException) -> bool:
     for err in (exc, exc.__cause__):
         diag = getattr(err, "diag", None)
         if diag is not None and getattr(err, "sqlstate", None) == "23505":
-            return diag.constraint_name == EVENT_ID_CONSTRAINT
+            name = diag.constraint_name or ""
+            return name == EVENT_ID_CONSTRAINT or (
+                name.startswith(Event._meta.db_table) and name.endswith(EVENT_ID_PARTITION_INDEX)
+            )
     return False
 
 
-def _runs_lock(tenant: Tenant, run_ids: list[str]) -> dict[str, Run | _RunRow]:
-    # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
-    _insert_missing(Run, Run(tenant=tenant), "run_id", sorted(run_ids))
-    if connection.vendor != "postgresql":
-        return {
-            run.run_id: run
-            for run in Run.objects.select_for_update()
-            .filter(tenant=tenant, run_id__in=run_ids)
-            .order_by("pk")
+def _set_based() -> bool:
+    """Whether a batch is stored with PostgreSQL's own statements, each one for all the batch's runs
+    (_store_set), rather than through the ORM (_store_orm: SQLite; the parity test runs it on
+    PostgreSQL too and compares the rows). The storage switch of every such write (bulk)."""
+    return postgres_statements()
+
+
+def _store(
+    tenant: Tenant,
+    valid: list[_Valid],
+    verdicts: list[Verdict | None],
+    *,
+    check_stored: bool,
+    ledger_scope: bool = True,
+) -> list[int]:
+    """Store the valid events in the caller's transaction: create the runs that are new, lock every
+    touched run (in pk order), drop events already stored (check_stored), number the rest per run,
+    insert them, update the runs' figures and create the new runs' detection cursors. Returns the
+    pks of the runs that got events."""
+    store = _store_set if _set_based() else _store_orm
+    return store(tenant, valid, verdicts, check_stored=check_stored, ledger_scope=ledger_scope)
+
+
+# --- storing a batch on PostgreSQL: one statement per step for all the batch's runs -------------
+#
+# The cost of a batch was per run it touched: a batch of 1,000 events over 1,000 runs reached a
+# quarter of a raw COPY of its rows, one over 20 runs two thirds. Per run the database probed the
+# run's unique index in an INSERT ... ON CONFLICT (a sequence value spent on each), locked and read
+# twenty columns, and wrote the whole row back, usually not as a HOT update (a page full of runs
+# all updated by the same statement had no room for their new versions: the table's fillfactor,
+# migration 0013, leaves it). Now one round trip creates only the missing runs and locks them all,
+# reading the six columns numbering and pricing need; the UPDATE merges the batch's own figures
+# (counts added, earliest start, latest event, description set only by run_started and
+# run_finished) into the stored ones.
+
+
+class _RunBatch:
+    """A locked run (pk, the events it holds, its cost, backend and model) and what this batch adds
+    to it. The counts are the batch's own (the UPDATE adds them); cost_usd is the new total, summed
+    event by event from the stored one as _run_apply sums it, so both paths store the same float.
+    `described` holds the description fields the batch's run_started / run_finished set."""
+
+    __slots__ = (
+        "backend",
+        "cost_usd",
+        "described",
+        "events_count",
+        "input_tokens",
+        "last_event_at",
+        "model",
+        "output_tokens",
+        "pk",
+        "rounds",
+        "started_at",
+        "tool_calls",
+        "tool_errors",
+        "unverified_from_seq",
+    )
+
+    def __init__(self, pk: int, events_count: int, cost_usd: float, backend: str, model: str) -> None:
+        self.pk = pk
+        self.events_count = events_count
+        self.cost_usd = cost_usd
+        self.backend = backend
+        self.model = model
+        self.started_at: datetime | None = None
+        self.last_event_at: datetime | None = None
+        self.unverified_from_seq: int | None = None
+        self.rounds = self.tool_calls = self.tool_errors = self.input_tokens = self.output_tokens = 0
+        self.described: dict[str, Any] | None = None
+
+
+def _batch_apply(run: _RunBatch, event: dict[str, Any], ts: datetime) -> bool:
+    """Fold one event into what the batch adds to its run, as _run_apply folds it into a Run. True
+    when it is a model round whose cost must be priced."""
+    kind = event["type"]
+    if run.started_at is None or ts < run.started_at:
+        run.started_at = ts
+    if run.last_event_at is None or ts > run.last_event_at:
+        run.last_event_at = ts
+    if kind == "model_round":
+        if event["round"] > run.rounds:
+            run.rounds = event["round"]
+        run.input_tokens += event.get("input_tokens", 0)
+        run.output_tokens += event.get("output_tokens", 0)
+        if "cost_usd" in event:
+            run.cost_usd = min(run.cost_usd + event["cost_usd"], MAX_TOTAL_USD)
+            return False
+        return True
+    if kind == "tool_call":
+        run.tool_calls += 1
+    elif kind == "tool_result":
+        if event["status"] != "ok":
+            run.tool_errors += 1
+    elif kind == "run_started":
+        described = run.described if run.described is not None else {}
+        for name in STARTED_FIGURES:
+            if name in event:
+                described[name] = event[name]
+        run.backend = event.get("backend", run.backend)
+        run.model = event.get("model", run.model)
+        run.described = described
+    elif kind == "run_finished":
+        described = run.described if run.described is not None else {}
+        described["status"] = event["status"]
+        described["terminated_by"] = event.get("terminated_by", "")
+        described["budget_type"] = event.get("budget_type", "")
+        described["reason"] = event.get("reason", "")
+        described["finished_at"] = ts
+        run.described = described
+    return False
+
+
+def _store_set(
+    tenant: Tenant,
+    valid: list[_Valid],
+    verdicts: list[Verdict | None],
+    *,
+    check_stored: bool,
+    ledger_scope: bool,
+) -> list[int]:
+    """_store on PostgreSQL: whatever the number of runs, one round trip creates and locks them, one
+    reads the prices the batch needs (if any), one COPY stores the events and one UPDATE writes the
+    figures (with the new runs' cursors)."""
+    locked = _runs_take(tenant.pk, sorted({item[1]["run_id"] for item in valid}))[1]
+    runs = {run_id: _RunBatch(*figures) for run_id, *figures in locked}
+    fresh = [run.pk for run in runs.values() if run.events_count == 0]
+    stored: set[tuple[int, str]] = set()
+    if check_stored:
+        # Only runs that already hold events can hold a duplicate of this batch's events.
+        older = {run.pk for run in runs.values() if run.events_count}
+        event_ids = {
+            event["event_id"]
+            for _, event, _, _ in valid
+            if "event_id" in event and runs[event["run_id"]].pk in older
         }
+        stored = _events_stored(older, event_ids) if event_ids else set()
+    rows: list[tuple] = []
+    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    changed: dict[int, _RunBatch] = {}
+    for index, event, ts, body in valid:
+        run = runs[event["run_id"]]
+        run_pk = run.pk
+        event_id = event.get("event_id")
+        if stored and event_id is not None and (run_pk, event_id) in stored:
+            verdicts[index] = {"index": index, "status": "duplicate"}
+            continue
+        seq = run.events_count = run.events_count + 1
+        if not ledger_scope and run.unverified_from_seq is None:
+            run.unverified_from_seq = seq
+        rows.append((run_pk, seq, event_id, event["type"], ts, body))
+        if _batch_apply(run, event, ts):
+            unpriced[run_pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
+        changed[run_pk] = run
+        verdicts[index] = {"index": index, "status": "accepted"}
+    if not rows:
+        if fresh:
+            _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
+        return []
+    if unpriced:
+        _price(changed, unpriced, _PriceBook)
+    # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
+    rows.sort(key=_BY_RUN)
+    _events_copy(tenant.pk, rows)
+    _runs_merge(list(changed.values()), fresh)
+    return list(changed)
+
+
+def _price(changed: dict, unpriced: dict[int, list[tuple[int, int]]], book_class: type[PriceBook]) -> None:
+    """Add the cost of the model rounds that came without one, from the price table."""
+    book = book_class({(changed[pk].backend, changed[pk].model) for pk in unpriced})
+    for pk, usage in unpriced.items():
+        run = changed[pk]
+        price = book.price(run.backend, run.model)
+        run.cost_usd = min(run.cost_usd + sum(price.cost(i, o) for i, o in usage), MAX_TOTAL_USD)
+
+
+def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tuple]]:
+    """Create the runs among these (sorted) that are not stored, then lock them all in pk order, in
+    one round trip (PostgreSQL): (pks created, [(run_id, pk, events_count, cost_usd, backend, model)]).
+
+    Inserts first, then locks: a batch waits on another's new run only while it holds no lock, and
+    locks in pk order, so concurrent batches sharing runs cannot deadlock. Row locks take no slot of
+    PostgreSQL's shared lock table, whatever the number of runs."""
+    insert, lock = _take_sql()
+    template = Run(tenant_id=tenant_pk)
+    defaults = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in _take_fields()]
+    ids = orjson.dumps(run_ids).decode()
+    created, locked = statements_run([(insert, [*defaults, ids, tenant_pk]), (lock, [tenant_pk, ids])])
+    return [row[0] for row in created or ()], locked or []
+
+
+_FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _runs_merge(runs: list[_RunBatch], fresh: list[int]) -> None:
+    """Write the batch's figures into its runs with one UPDATE, and create the fresh runs' detection
+    cursors in its WITH clause (PostgreSQL)."""
+    data = []
+    for run in runs:
+        cost = run.cost_usd
+        row = {
+            "id": run.pk,
+            "events_count": run.events_count,
+            "cost_usd": cost if math.isfinite(cost) else _FLOAT_TEXT.get(cost, "NaN"),  # JSON has none
+            "started_at": run.started_at,
+            "last_event_at": run.last_event_at,
+            "rounds": run.rounds,
+            "tool_calls": run.tool_calls,
+            "tool_errors": run.tool_errors,
+            "input_tokens": run.input_tokens,
+            "output_tokens": run.output_tokens,
+        }
+        if run.unverified_from_seq is not None:
+            row["unverified_from_seq"] = run.unverified_from_seq
+        if run.described is not None:
+            row.update(run.described)
+        data.append(row)
+    sql = _merge_sql()
+    params: list = [orjson.dumps(data).decode()]
+    if fresh:
+        cursor_sql, cursor_params = _insert_missing_sql(RunCursor, RunCursor(), "run_id", fresh)
+        sql = f"WITH cursors AS ({cursor_sql}) {sql}"
+        params = [*cursor_params, *params]
     with connection.cursor() as cursor:
-        cursor.execute(_run_statements()[0], [tenant.pk, run_ids])
-        return {row[1]: _RunRow(row) for row in cursor.fetchall()}
+        cursor.execute(sql, params)
 
 
 def runs_hold(*, tenant: Tenant, run_ids: list[str]) -> list[int]:
     """Hold these runs of the tenant for the caller's transaction, as a batch's ingest holds them:
     the runs not stored yet are created (empty) and every one is locked by its row. A run that does
     not exist yet is held too (its row, inserted, is locked until the commit); another transaction
-    holding the same runs, an export or a REST batch, waits, and none can deadlock (insert in run_id
-    order, lock in pk order). Row locks take no slot of PostgreSQL's shared lock table, whatever the
-    number of runs. Returns the pks of the runs it created: the caller drops those it left empty
+    holding the same runs, an export or a REST batch, waits, and none can deadlock (_runs_take).
+    Returns the pks of the runs it created: the caller drops those it left empty
     (runs_drop_empty). On SQLite the transaction itself is the lock (IMMEDIATE): nothing to do."""
     if connection.vendor != "postgresql" or not run_ids:
         return []
-    ordered = sorted(set(run_ids))
-    sql, params = _insert_missing_sql(Run, Run(tenant=tenant), "run_id", ordered)
-    with connection.cursor() as cursor:
-        cursor.execute(sql + f" RETURNING {connection.ops.quote_name(pk_column(Run))}", params)
-        created = [row[0] for row in cursor.fetchall()]
-        cursor.execute(_run_statements()[0], [tenant.pk, ordered])
-    return created
+    return _runs_take(tenant.pk, sorted(set(run_ids)))[0]
 
 
 def runs_drop_empty(*, run_pks: list[int]) -> None:
@@ -216,6 +429,81 @@ def runs_drop_empty(*, run_pks: list[int]) -> None:
     if run_pks:
         with connection.cursor() as cursor:
             cursor.execute(_RUNS_DROP_EMPTY_SQL, [run_pks])
+
+
+# --- storing a batch through the ORM (SQLite) ----------------------------------------------------
+
+
+def _store_orm(
+    tenant: Tenant,
+    valid: list[_Valid],
+    verdicts: list[Verdict | None],
+    *,
+    check_stored: bool,
+    ledger_scope: bool,
+) -> list[int]:
+    """_store with model instances: the runs created by one INSERT, locked (on SQLite the
+    transaction is the lock) and read whole, folded event by event (_run_apply), written back
+    with one UPDATE per run."""
+    run_ids = sorted({item[1]["run_id"] for item in valid})
+    # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
+    _insert_missing(Run, Run(tenant=tenant), "run_id", run_ids)
+    runs = {
+        run.run_id: run
+        for run in Run.objects.select_for_update().filter(tenant=tenant, run_id__in=run_ids).order_by("pk")
+    }
+    fresh = [run.pk for run in runs.values() if run.events_count == 0]
+    stored: set[tuple[int, str]] = set()
+    if check_stored:
+        older = {run.pk for run in runs.values() if run.events_count}
+        event_ids = {
+            event["event_id"]
+            for _, event, _, _ in valid
+            if "event_id" in event and runs[event["run_id"]].pk in older
+        }
+        stored = _events_stored(older, event_ids) if event_ids else set()
+    rows: list[tuple] = []
+    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    changed: dict[int, Run] = {}
+    for index, event, ts, body in valid:
+        run = runs[event["run_id"]]
+        event_id = event.get("event_id")
+        if stored and event_id is not None and (run.pk, event_id) in stored:
+            verdicts[index] = {"index": index, "status": "duplicate"}
+            continue
+        seq = run.events_count = run.events_count + 1
+        if not ledger_scope and run.unverified_from_seq is None:
+            run.unverified_from_seq = seq
+        rows.append((run.pk, seq, event_id, event["type"], ts, body))
+        if _run_apply(run, event, ts):
+            unpriced[run.pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
+        changed[run.pk] = run
+        verdicts[index] = {"index": index, "status": "accepted"}
+    if fresh:
+        _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
+    if not rows:
+        return []
+    if unpriced:
+        _price(changed, unpriced, PriceBook)
+    Event.objects.bulk_create(
+        [
+            Event(tenant_id=tenant.pk, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
+            for r, s, e, k, ts, b in rows
+        ],
+        batch_size=500,
+    )
+    # One UPDATE per run (executemany), not bulk_update(): its CASE ... WHEN expressions cost Django
+    # ~2 ms of CPU per run, most of a batch.
+    fields = [concrete_field(Run, name) for name in RUN_FIGURES]
+    assignments = ", ".join(f"{connection.ops.quote_name(db_column(f))} = %s" for f in fields)
+    sql = f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {assignments} WHERE id = %s"
+    params = [[_db_value(f, getattr(run, f.attname)) for f in fields] + [run.pk] for run in changed.values()]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+    return list(changed)
+
+
+_BY_RUN = operator.itemgetter(0)
 
 
 def _insert_missing(model: type[models.Model], template: models.Model, key: str, values: list) -> None:
@@ -237,70 +525,6 @@ def _insert_missing(model: type[models.Model], template: models.Model, key: str,
         cursor.execute(sql, params)
 
 
-def _store(
-    tenant: Tenant,
-    valid: list[_Valid],
-    verdicts: list[Verdict | None],
-    *,
-    check_stored: bool,
-    ledger_scope: bool = True,
-) -> list[int]:
-    runs = _runs_lock(tenant, list(dict.fromkeys(item[1]["run_id"] for item in valid)))
-    # Runs without events get their detection cursor (with the runs' update, in the same transaction).
-    fresh = [run.pk for run in runs.values() if run.events_count == 0]
-    stored: set[tuple[int, str]] = set()
-    if check_stored:
-        # Only runs that already hold events can hold a duplicate of this batch's events.
-        older = {run.pk for run in runs.values() if run.events_count}
-        event_ids = {
-            event["event_id"]
-            for _, event, _, _ in valid
-            if "event_id" in event and runs[event["run_id"]].pk in older
-        }
-        stored = _events_stored(older, event_ids) if event_ids else set()
-    rows: list[tuple] = []
-    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    changed: dict[int, Run | _RunRow] = {}
-    described: set[int] = set()  # runs whose DESCRIPTION figures this batch sets
-    for index, event, ts, body in valid:
-        run = runs[event["run_id"]]
-        run_pk = run.pk
-        event_id = event.get("event_id")
-        if stored and event_id is not None and (run_pk, event_id) in stored:
-            verdicts[index] = {"index": index, "status": "duplicate"}
-            continue
-        seq = run.events_count = run.events_count + 1
-        if not ledger_scope and run.unverified_from_seq is None:
-            run.unverified_from_seq = seq
-        kind = event["type"]
-        rows.append((run_pk, seq, event_id, kind, ts, body))
-        if _run_apply(run, event, ts):
-            unpriced[run_pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
-        elif kind == "run_started" or kind == "run_finished":
-            described.add(run_pk)
-        changed[run_pk] = run
-        verdicts[index] = {"index": index, "status": "accepted"}
-    if not rows:
-        if fresh:
-            _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
-        return []
-    if unpriced:
-        pairs = {(changed[pk].backend, changed[pk].model) for pk in unpriced}
-        book = _PriceBook(pairs) if connection.vendor == "postgresql" else PriceBook(pairs)
-        for pk, usage in unpriced.items():
-            price = book.price(changed[pk].backend, changed[pk].model)
-            cost = changed[pk].cost_usd + sum(price.cost(i, o) for i, o in usage)
-            changed[pk].cost_usd = min(cost, MAX_TOTAL_USD)
-    # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
-    rows.sort(key=_BY_RUN)
-    _events_insert(tenant.pk, rows)
-    _runs_update(list(changed.values()), fresh, described)
-    return list(changed)
-
-
-_BY_RUN = operator.itemgetter(0)
-
-
 def _events_stored(run_pks: set[int], event_ids: set[str]) -> set[tuple[int, str]]:
     """The (run pk, event_id) pairs among these already stored."""
     if connection.vendor == "postgresql":
@@ -313,51 +537,6 @@ def _events_stored(run_pks: set[int], event_ids: set[str]) -> set[tuple[int, str
     return set(cast(Iterable[tuple[int, str]], stored))  # event_id__in leaves NULL out
 
 
-def _runs_update(runs: list[Run | _RunRow], fresh: list[int], described: set[int]) -> None:
-    """Write the runs' figures, and create the detection cursors of the fresh runs.
-
-    On PostgreSQL one statement: UPDATE ... FROM json_populate_recordset() of the figures as one JSON
-    array (_RunRow: TIME_FIGURES merged; DESCRIPTION_FIGURES only for the `described` runs, the others
-    keep theirs), with the cursors' INSERT in a WITH clause. Elsewhere one UPDATE per run
-    (executemany). Not bulk_update(): its CASE ... WHEN expressions cost Django ~2 ms of CPU per
-    run, most of a batch.
-    """
-    if connection.vendor == "postgresql":
-        names = ("pk", *RUN_FIGURES)
-        columns = [pk_column(Run), *(db_column(concrete_field(Run, name)) for name in RUN_FIGURES)]
-        counted = [(c, n) for c, n in zip(columns, names, strict=True) if n not in DESCRIPTION_FIGURES]
-        cost = db_column(concrete_field(Run, "cost_usd"))
-        data = []
-        for run in runs:
-            if run.pk in described:
-                row = {column: getattr(run, name) for column, name in zip(columns, names, strict=True)}
-            else:
-                row = {column: getattr(run, name) for column, name in counted}
-            if not math.isfinite(run.cost_usd):  # JSON has no number for it; the column reads the text
-                row[cost] = _FLOAT_TEXT.get(run.cost_usd, "NaN")
-            data.append(row)
-        sql = _run_statements()[1]
-        params: list = [orjson.dumps(data).decode()]
-        if fresh:
-            cursor_sql, cursor_params = _insert_missing_sql(RunCursor, RunCursor(), "run_id", fresh)
-            sql = f"WITH cursors AS ({cursor_sql}) {sql}"
-            params = [*cursor_params, *params]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-        return
-    if fresh:
-        _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
-    fields = [concrete_field(Run, name) for name in RUN_FIGURES]
-    assignments = ", ".join(f"{connection.ops.quote_name(db_column(f))} = %s" for f in fields)
-    sql = f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {assignments} WHERE id = %s"
-    params = [[_db_value(f, getattr(run, f.attname)) for f in fields] + [run.pk] for run in runs]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
-
-
-_FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
-
-
 def _db_value(field, value: Any) -> Any:
     kind = field.get_internal_type()
     if kind == "JSONField":
@@ -367,7 +546,7 @@ def _db_value(field, value: Any) -> Any:
     return value
 
 
-def _run_apply(run: Run | _RunRow, event: dict[str, Any], ts: datetime) -> bool:
+def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
     """Fold one event into the run's figures. True when it is a model round whose cost must be priced."""
     kind = event["type"]
     if run.started_at is None or ts < run.started_at:
@@ -401,22 +580,3 @@ def _run_apply(run: Run | _RunRow, event: dict[str, Any], ts: datetime) -> bool:
         run.reason = event.get("reason", "")
         run.finished_at = ts
     return False
-
-
-def _events_insert(tenant_pk: int, rows: list[tuple]) -> None:
-    """One binary COPY on PostgreSQL (the hot path); a bulk insert elsewhere.
-
-    rows: (run pk, seq, event_id, type, ts, body). The binary rows are built here rather than by
-    copy.write_row(): that formatted and escaped every value, and PostgreSQL then parsed the text
-    back; binary spares both sides most of it (the body is JSON text either way).
-    """
-    if connection.vendor == "postgresql":
-        _events_copy(tenant_pk, rows)
-        return
-    Event.objects.bulk_create(
-        [
-            Event(tenant_id=tenant_pk, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
-            for r, s, e, k, ts, b in rows
-        ],
-        batch_size=500,
-    )

@@ -32,15 +32,24 @@ from ingest.bulk import dumps_bounded, insert_statement, postgres_statements, st
 from ingest.detection import ACTIONS, Config, Engine, RunState
 from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUNS
+from ingest.incidents import (
+    incident_payload,
+    incidents_from_rows,
+    incidents_refresh,
+    incidents_statement,
+    problem_keys,
+)
 from ingest.models import (
     Detection,
     Event,
+    Incident,
     ModelRound,
     PendingResult,
     Run,
     RunCursor,
     ToolCall,
 )
+from ingest.notify import incidents_notify_enqueue
 from ingest.otlp.rounds import Numbering, rounds_number
 from ingest.pending import TAKE, TASK_BUDGET_S, enqueue_timeout_s, pending_add, pending_count, pending_take
 from ingest.pricing import Price, PriceBook
@@ -374,6 +383,7 @@ def _runs_pass(
     lock_wait_s: on PostgreSQL, waiting for a lock longer than this raises (LockNotAvailable).
     """
     limit = chunk if len(order) <= 1 else max(chunk // len(order), RUN_CHUNK_MIN)
+    started = time.perf_counter()
     with transaction.atomic():
         if lock_wait_s is not None and connection.vendor == "postgresql":
             with connection.cursor() as cursor:
@@ -405,6 +415,7 @@ def _runs_pass(
         alerts_publish_all(alerts=outcome.alerts)
     runs, events = outcome.runs, outcome.events
     processed = sum(len(events[run.pk]) for run in runs)
+    metrics.detection_pass(seconds=time.perf_counter() - started, runs=len(runs), events=processed)
     return processed, [run.pk for run in runs if len(events[run.pk]) >= limit], outcome.skipped
 
 
@@ -643,12 +654,33 @@ def _detect(
         )
         published = Detection.objects.filter(which).order_by("pk")
     stored: dict[int, list[Detection]] = defaultdict(list)
-    for detection in _progress_save(rows, figures, positions, published, numbering):
+    saved, incidents = _progress_save(rows, figures, positions, published, numbering)
+    for detection in saved:
         stored[detection.run_id].append(detection)
+    # An incident whose action rose since it last notified: its rules are told once it has committed.
+    escalated = [
+        i.pk for i in incidents if i.action != Detection.Action.OBSERVE and i.action != i.notified_action
+    ]
+    if escalated:
+        transaction.on_commit(lambda: incidents_notify_enqueue(incident_ids=escalated))
     if not stored:
         return []
+    by_run = {run.pk: run for run in runs}
+    by_problem = {
+        (i.run_id, i.kind, i.signature): incident_payload(i, run=by_run[i.run_id])
+        for i in incidents
+        if i.run_id in by_run
+    }
     return [
-        (run.tenant_id, alert_payload(detection, run=run)) for run in runs for detection in stored[run.pk]
+        (
+            run.tenant_id,
+            {
+                **alert_payload(detection, run=run),
+                "incident": by_problem.get((detection.run_id, detection.kind, detection.signature)),
+            },
+        )
+        for run in runs
+        for detection in stored[run.pk]
     ]
 
 
@@ -676,17 +708,19 @@ def _progress_save(
     positions: list[dict[str, Any]],
     published: models.QuerySet[Detection] | None,
     numbering: Numbering,
-) -> list[Detection]:
-    """Store the detections (a run processed again stores none twice), write the runs' figures (as
-    _detect gathered them), move their cursors, then read the `published` detections; on
-    PostgreSQL in one round trip."""
+) -> tuple[list[Detection], list[Incident]]:
+    """Store the detections (a run processed again stores none twice) and refresh the incidents of
+    their problems, write the runs' figures (as _detect gathered them), move their cursors, then
+    read the `published` detections; on PostgreSQL in one round trip."""
     now = timezone.now()
+    keys = problem_keys(rows)
     if postgres_statements():
         pks = sorted(figure["id"] for figure in figures)
         progress = [now, dumps_bounded(positions).decode(), pks, dumps_bounded(figures).decode()]
-        *_, found = statements_run(
+        _, incident_rows, *_, found = statements_run(
             [
                 insert_statement(Detection, rows, ignore_conflicts=True),
+                incidents_statement(keys),
                 (_PROGRESS_SQL, progress),
                 numbering.bodies_statement(),  # with the runs held (Numbering.bodies_statement)
                 published.query.sql_with_params() if published is not None else None,
@@ -697,8 +731,9 @@ def _progress_save(
         for detection in stored:  # jsonb arrives as text
             if isinstance(detection.evidence, str):
                 detection.evidence = orjson.loads(detection.evidence)
-        return stored
+        return stored, incidents_from_rows(incident_rows)
     Detection.objects.bulk_create(rows, ignore_conflicts=True)
+    incidents = incidents_refresh(keys=keys)
     numbering.bodies_save()
     for position in positions:
         RunCursor.objects.filter(run_id=position["run_id"]).update(
@@ -734,4 +769,4 @@ def _progress_save(
             Run.objects.filter(pk=pk, terminated_by="").update(
                 terminated_by=figure["terminated_by"], budget_type=figure["budget_type"]
             )
-    return list(published) if published is not None else []
+    return (list(published) if published is not None else []), incidents

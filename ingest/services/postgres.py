@@ -7,10 +7,9 @@ import functools
 import struct
 from datetime import UTC, datetime, timedelta
 
-import orjson
 from django.db import connection, models
 
-from ingest.bulk import concrete_field, db_column, pk_column
+from ingest.bulk import db_column
 from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.models import (
     Backend,
@@ -46,68 +45,9 @@ RUN_FIGURES = [
     "events_count",
     "unverified_from_seq",
 ]
-JSON_FIGURES = ("budgets", "labels")
-# What only run_started (agent ... labels) and run_finished (status ... finished_at) set. On PostgreSQL
-# the UPDATE leaves them as stored for a run without such an event in the batch (it sends none).
-DESCRIPTION_FIGURES = (
-    *("agent", "task_type", "backend", "model", "budgets", "labels"),
-    *("status", "terminated_by", "budget_type", "reason", "finished_at"),
-)
-# On PostgreSQL these are merged into the stored values by the UPDATE itself (the earliest start, the
-# latest event, the batch's last finish if any): the lock does not read them (Django's loader turns
-# each timestamp back into a datetime in Python: three quarters of the CPU of reading the runs).
-TIME_FIGURES = ("started_at", "finished_at", "last_event_at")
-# The first seq a key without the ledger scope stored: the UPDATE keeps the stored one when set
-# (the lock does not read it either; a batch sends its own first seq, or nothing).
-FIRST_FIGURES = ("unverified_from_seq",)
-
-
-class _RunRow:
-    """A locked run's pk, run_id and figures (RUN_FIGURES), as _run_apply updates them (PostgreSQL).
-
-    Read with one SELECT ... FOR UPDATE instead of model instances, which cost more CPU than the rest
-    of the run's share of a batch. budgets and labels stay the stored JSON text, as orjson fragments
-    (written back as they are), until an event replaces them. The TIME_FIGURES and FIRST_FIGURES
-    start as None: they hold the batch's own values, which the UPDATE merges with the stored ones.
-    """
-
-    __slots__ = ("pk", "run_id", *RUN_FIGURES)
-    # The columns the lock reads, in this order (the SELECT is built from it).
-    LOCKED = (
-        *("pk", "run_id", "agent", "task_type", "backend", "model", "budgets", "labels"),
-        *("status", "terminated_by", "budget_type", "reason", "rounds", "tool_calls", "tool_errors"),
-        *("input_tokens", "output_tokens", "cost_usd", "events_count"),
-    )
-
-    def __init__(self, values: tuple) -> None:
-        (
-            self.pk,
-            self.run_id,
-            self.agent,
-            self.task_type,
-            self.backend,
-            self.model,
-            budgets,
-            labels,
-            self.status,
-            self.terminated_by,
-            self.budget_type,
-            self.reason,
-            self.rounds,
-            self.tool_calls,
-            self.tool_errors,
-            self.input_tokens,
-            self.output_tokens,
-            self.cost_usd,
-            self.events_count,
-        ) = values
-        self.budgets = orjson.Fragment(budgets)
-        self.labels = orjson.Fragment(labels)
-        self.started_at = self.finished_at = self.last_event_at = None
-        self.unverified_from_seq = None
-
-
-assert set(_RunRow.LOCKED) | set(TIME_FIGURES) | set(FIRST_FIGURES) == set(_RunRow.__slots__)
+# What only run_started (agent ... labels) and run_finished (status ... finished_at) set.
+STARTED_FIGURES = ("agent", "task_type", "backend", "model", "budgets", "labels")
+FINISHED_FIGURES = ("status", "terminated_by", "budget_type", "reason", "finished_at")
 
 
 def _insert_missing_sql(model: type[models.Model], template: models.Model, key: str, values: list) -> tuple:
@@ -129,28 +69,64 @@ def _insert_missing_sql(model: type[models.Model], template: models.Model, key: 
 
 
 @functools.cache
-def _run_statements() -> tuple[str, str]:
-    """PostgreSQL: the SELECT ... FOR UPDATE of a batch's runs and the UPDATE of their figures."""
-    table = Run._meta.db_table
-    column = {name: db_column(concrete_field(Run, name)) for name in ("run_id", "tenant", *RUN_FIGURES)}
-    column["pk"] = pk_column(Run)
-    locked = ", ".join(f'"{column[name]}"' for name in _RunRow.LOCKED)
+def _take_sql() -> tuple[str, str]:
+    """The INSERT of a batch's missing runs (RETURNING their pks) and the lock of all its runs, which
+    reads what numbering and pricing need: (run_id, pk, events_count, cost_usd, backend, model)."""
+    quote = connection.ops.quote_name
+    table = quote(Run._meta.db_table)
+    columns = ", ".join(quote(db_column(f)) for f in _take_fields())
+    # The ids go as one JSON array (orjson writes it in microseconds; psycopg quoted an array
+    # parameter element by element). WITH ORDINALITY ... ORDER BY: the rows go in in the order
+    # given (sorted), whatever the plan, so two batches creating the same runs wait, not deadlock.
+    # NOT EXISTS first: a run that exists costs one probe of its index, not a speculative insert
+    # (and a sequence value).
+    insert = (
+        f"INSERT INTO {table} ({columns}, run_id) SELECT {'%s, ' * len(_take_fields())}u.k "
+        "FROM json_array_elements_text(%s::json) WITH ORDINALITY AS u(k, n) "
+        f"WHERE NOT EXISTS (SELECT FROM {table} r WHERE r.tenant_id = %s AND r.run_id = u.k) "
+        "ORDER BY u.n ON CONFLICT DO NOTHING RETURNING id"
+    )
     lock = (
-        f'SELECT {locked} FROM "{table}" WHERE "{column["tenant"]}" = %s AND "{column["run_id"]}" = ANY(%s) '
-        f'ORDER BY "{column["pk"]}" FOR NO KEY UPDATE'
+        f"SELECT run_id, id, events_count, cost_usd, backend, model FROM {table} "
+        "WHERE tenant_id = %s AND run_id IN (SELECT json_array_elements_text(%s::json)) "
+        "ORDER BY id FOR NO KEY UPDATE"
     )
-    # One statement for all the runs, their rows given as one JSON array read as rows of the table.
-    merge = {"started_at": "LEAST(r.{0}, v.{0})", "last_event_at": "GREATEST(r.{0}, v.{0})"}
-    merge.update((name, "COALESCE(v.{0}, r.{0})") for name in DESCRIPTION_FIGURES)
-    merge.update((name, "COALESCE(r.{0}, v.{0})") for name in FIRST_FIGURES)
-    assignments = ", ".join(
-        f'"{column[name]}" = ' + merge.get(name, "v.{0}").format(f'"{column[name]}"') for name in RUN_FIGURES
+    return insert, lock
+
+
+@functools.cache
+def _take_fields() -> tuple[models.Field, ...]:
+    """The columns a new run is inserted with (their defaults), beside its run_id."""
+    return tuple(
+        f for f in Run._meta.concrete_fields if f.attname != "run_id" and f is not Run._meta.auto_field
     )
-    update = (
-        f'UPDATE "{table}" AS r SET {assignments} FROM json_populate_recordset(NULL::"{table}", %s::json) AS v '
-        f'WHERE r."{column["pk"]}" = v."{column["pk"]}"'
+
+
+@functools.cache
+def _merge_sql() -> str:
+    """The UPDATE that merges a batch's figures (one JSON object per run) into the stored ones."""
+    quote = connection.ops.quote_name
+    types = {f.attname: f.db_type(connection) for f in Run._meta.concrete_fields}
+    added = ("tool_calls", "tool_errors", "input_tokens", "output_tokens")
+    merge = {
+        "events_count": "v.{0}",
+        "cost_usd": "v.{0}",
+        "rounds": "GREATEST(r.{0}, v.{0})",
+        "started_at": "LEAST(r.{0}, v.{0})",  # NULLs are ignored: a new run takes the batch's
+        "last_event_at": "GREATEST(r.{0}, v.{0})",
+        # The first seq a key without the ledger scope stored: the stored one when set.
+        "unverified_from_seq": "COALESCE(r.{0}, v.{0})",
+        **{name: "r.{0} + v.{0}" for name in added},
+        # Set only by run_started / run_finished: the stored value when the batch sends none.
+        **{name: "COALESCE(v.{0}, r.{0})" for name in (*STARTED_FIGURES, *FINISHED_FIGURES)},
+    }
+    assert set(merge) == set(RUN_FIGURES)
+    assignments = ", ".join(f"{quote(name)} = " + merge[name].format(quote(name)) for name in RUN_FIGURES)
+    record = ", ".join(f"{quote(name)} {types[name]}" for name in ("id", *RUN_FIGURES))
+    return (
+        f"UPDATE {quote(Run._meta.db_table)} AS r SET {assignments} "
+        f"FROM json_to_recordset(%s::json) AS v({record}) WHERE r.id = v.id"
     )
-    return lock, update
 
 
 class _PriceBook(PriceBook):

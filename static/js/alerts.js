@@ -1,10 +1,12 @@
-// Live alerts: a WebSocket to /ws/alerts that catches up from the last alert id seen, then
-// streams new ones. One row per alert id (catch-up and live may overlap), newest on top; a pause
-// buffers what arrives; reconnects with a growing delay; verdicts are posted with fetch.
+// Incidents, live: a WebSocket to /ws/alerts that catches up from the last alert id seen, then
+// streams new alerts, each with its incident as it is now. An alert of an incident on the page
+// updates its row in place (rows have a fixed height: nothing moves); a new incident goes on top,
+// unless the pointer or the focus is in the list, or the page is paused: then it waits behind the
+// "N new" button. Verdicts are posted with fetch and name the incident of their row.
 (function () {
   "use strict";
 
-  const MAX_ROWS = 500; // older rows leave the page (they stay in the database and the run's detail)
+  const MAX_ROWS = 500; // older rows leave the page (they stay in the database: "older incidents")
   const BACKOFF_MIN_MS = 500;
   const BACKOFF_MAX_MS = 30000;
   const PING_MS = 25000; // keeps proxies from closing an idle socket
@@ -20,24 +22,26 @@
   };
 
   const config = JSON.parse(document.getElementById("alerts-config").textContent);
+  const table = document.getElementById("incident-table");
   const body = document.getElementById("alerts");
   const rowTemplate = document.getElementById("alert-row");
   const empty = document.getElementById("no-alerts");
   const status = document.getElementById("live-status");
   const pauseButton = document.getElementById("pause");
-  const bufferedNote = document.getElementById("buffered");
+  const newBar = document.getElementById("new-bar");
   const filters = document.getElementById("alert-filters");
   const canMark = new Set(config.can_mark);
 
-  const seen = new Set(); // alert ids on the page or in the buffer
-  let lastId = config.after; // the newest id received: where a reconnect catches up from
+  const shown = new Set(); // incident ids with a row
+  let waiting = new Map(); // incident id -> incident, not shown yet (held or paused)
+  let lastId = config.after; // the newest alert id received: where a reconnect catches up from
   let paused = false;
-  let buffer = [];
+  let pointerIn = false;
   let socket = null;
   let attempts = 0;
   let pingTimer = null;
 
-  for (const row of body.querySelectorAll("tr.alert")) seen.add(Number(row.dataset.id));
+  for (const row of body.querySelectorAll("tr.incident")) shown.add(Number(row.dataset.id));
 
   function setStatus(state, text) {
     status.dataset.state = state;
@@ -50,38 +54,67 @@
     return el;
   }
 
-  function renderFeedback(row, fb) {
-    const label = fill(row, "feedback", LABELS[fb.feedback] || "");
-    label.className = `fb fb-${fb.feedback}`;
-    fill(row, "feedback_by", fb.feedback_by ? `by ${fb.feedback_by}` : "");
-    const note = fill(row, "feedback_note", fb.feedback_note || "");
-    note.hidden = !fb.feedback_note;
+  function when(iso) {
+    return (iso || "").slice(0, 19).replace("T", " ");
   }
 
-  function buildRow(alert) {
+  function path(incident) {
+    const seen = [];
+    for (const step of incident.steps || []) {
+      const name = step.shadow || step.action;
+      if (!seen.includes(name)) seen.push(name);
+    }
+    return seen.join(" → ");
+  }
+
+  function renderVerdict(row, v) {
+    const label = fill(row, "verdict", LABELS[v.verdict] || "");
+    label.className = `fb fb-${v.verdict}`;
+    const by = fill(row, "verdict_by", v.verdict_by ? `by ${v.verdict_by}` : "");
+    by.title = v.verdict_note || "";
+    row.classList.toggle("resolved", v.status === "resolved");
+  }
+
+  // The fields an incident's row shows; used for new rows and for updates in place.
+  function render(row, incident) {
+    row.dataset.id = incident.id;
+    row.dataset.tenant = incident.tenant_id;
+    row.className = `incident act-${incident.action}${incident.status === "resolved" ? " resolved" : ""}`;
+    const first = fill(row, "first_seen", when(incident.first_seen).slice(11));
+    first.setAttribute("datetime", incident.first_seen);
+    first.title = `began ${when(incident.first_seen)} UTC`;
+    fill(row, "first_day", when(incident.first_seen).slice(5, 10));
+    const action = fill(row, "action", incident.shadow ? SHADOW[incident.shadow] || incident.shadow : incident.action);
+    action.className = `pill act-${incident.action}${incident.shadow ? " shadow" : ""}`;
+    fill(row, "kind", incident.kind);
+    fill(row, "tool", incident.tool || "");
+    const run = fill(row, "run", incident.run_id);
+    run.href = `${config.runs_url}${incident.run}/#incidents`;
+    fill(row, "agent", incident.agent || "");
+    fill(row, "tenant", config.multi_tenant ? config.tenants[incident.tenant_id] || "" : "");
+    fill(row, "backend", incident.backend || "");
+    fill(row, "model", incident.model || "");
+    const alerts = fill(row, "alerts", `${incident.alerts} alert${incident.alerts === 1 ? "" : "s"}`);
+    alerts.href = config.incident_url.replace("/0/", `/${incident.id}/`);
+    fill(row, "path", path(incident));
+    const hint = fill(row, "hint", incident.hint || "");
+    hint.title = incident.hint || "";
+    const last = fill(row, "last_seen", when(incident.last_seen).slice(11));
+    last.setAttribute("datetime", incident.last_seen);
+    if (incident.reached) fill(row, "reached", incident.reached);
+    renderVerdict(row, incident);
+  }
+
+  function buildRow(incident) {
     const row = rowTemplate.content.firstElementChild.cloneNode(true);
-    row.id = `alert-${alert.id}`;
-    row.dataset.id = alert.id;
-    row.dataset.tenant = alert.tenant_id;
-    row.className = `alert act-${alert.action} fresh`;
-    const time = fill(row, "ts", alert.ts.slice(0, 19).replace("T", " "));
-    time.setAttribute("datetime", alert.ts);
-    const action = fill(row, "action", alert.shadow ? SHADOW[alert.shadow] || alert.shadow : alert.action);
-    action.className = `pill act-${alert.action}${alert.shadow ? " shadow" : ""}`;
-    fill(row, "kind", alert.kind);
-    const run = fill(row, "run", alert.run_id);
-    run.href = `${config.runs_url}${alert.run}/?seq=${alert.seq}#det-${alert.id}`;
-    fill(row, "tenant", config.multi_tenant ? config.tenants[alert.tenant_id] || "" : "");
-    fill(row, "agent", alert.agent || "");
-    fill(row, "backend", alert.model ? `${alert.backend} / ${alert.model}` : alert.backend);
-    fill(row, "tool", alert.tool || "");
-    fill(row, "count", String(alert.count));
-    fill(row, "hint", alert.hint || "");
-    renderFeedback(row, alert);
+    row.id = `incident-${incident.id}`;
+    render(row, incident);
+    row.classList.add("fresh");
     const form = row.querySelector("form.mark");
     if (form) {
-      if (canMark.has(alert.tenant_id)) {
-        form.action = config.feedback_url.replace("/0/", `/${alert.id}/`);
+      if (canMark.has(incident.tenant_id)) {
+        form.action = config.verdict_url.replace("/0/", `/${incident.id}/`);
+        form.querySelector('input[name="incident"]').value = String(incident.id);
         const next = form.querySelector('input[name="next"]');
         if (next) next.value = location.pathname + location.search;
       } else {
@@ -91,35 +124,70 @@
     return row;
   }
 
-  function show(alert) {
-    body.insertBefore(buildRow(alert), body.firstChild);
-    empty.hidden = true;
-    const rows = body.querySelectorAll("tr.alert");
-    for (let i = MAX_ROWS; i < rows.length; i++) rows[i].remove();
+  function held() {
+    return paused || pointerIn || table.contains(document.activeElement) || !config.live;
+  }
+
+  function showWaiting() {
+    const incidents = [...waiting.values()].sort((a, b) => a.id - b.id);
+    waiting = new Map();
+    for (const incident of incidents) {
+      if (shown.has(incident.id)) continue;
+      shown.add(incident.id);
+      body.insertBefore(buildRow(incident), body.firstChild);
+    }
+    if (incidents.length) empty.hidden = true;
+    const rows = body.querySelectorAll("tr.incident");
+    for (let i = MAX_ROWS; i < rows.length; i++) {
+      shown.delete(Number(rows[i].dataset.id));
+      rows[i].remove();
+    }
+    updateBar();
+  }
+
+  function updateBar() {
+    const n = waiting.size;
+    newBar.hidden = n === 0;
+    newBar.textContent = config.live ? `${n} new — show` : `${n} new — go to the newest`;
   }
 
   function receive(alert) {
-    if (seen.has(alert.id)) return;
-    seen.add(alert.id);
     lastId = Math.max(lastId, alert.id);
-    if (paused) {
-      buffer.push(alert);
-      bufferedNote.hidden = false;
-      bufferedNote.textContent = `${buffer.length} new while paused`;
-    } else {
-      show(alert);
+    const incident = alert.incident;
+    if (!incident) return;
+    if (config.status && incident.status !== config.status) return;
+    const row = document.getElementById(`incident-${incident.id}`);
+    if (row) {
+      render(row, incident); // in place: the row keeps its place and its height
+      return;
     }
+    waiting.set(incident.id, incident);
+    if (held()) updateBar();
+    else showWaiting();
   }
+
+  table.addEventListener("pointerenter", () => (pointerIn = true));
+  table.addEventListener("pointerleave", () => {
+    pointerIn = false;
+    if (!held() && waiting.size) showWaiting();
+  });
+  table.addEventListener("focusout", () => {
+    // After the focus has moved: it may have moved to another control of the list.
+    setTimeout(() => !held() && waiting.size && showWaiting(), 0);
+  });
+  newBar.addEventListener("click", () => {
+    if (!config.live) {
+      location.search = new URLSearchParams(Object.entries({ ...config.query, status: config.status }).filter(([, v]) => v)).toString();
+      return;
+    }
+    showWaiting();
+  });
 
   pauseButton.addEventListener("click", () => {
     paused = !paused;
     pauseButton.textContent = paused ? "resume" : "pause";
     pauseButton.setAttribute("aria-pressed", String(paused));
-    if (!paused) {
-      buffer.sort((a, b) => a.id - b.id).forEach(show);
-      buffer = [];
-      bufferedNote.hidden = true;
-    }
+    if (!held()) showWaiting();
     if (socket && socket.readyState === WebSocket.OPEN) setLive();
   });
 
@@ -145,11 +213,11 @@
         if (message.more) setStatus("live", "live — older missed alerts were left out; reload for the full list");
       } else if (message.type === "alert") {
         receive(message.alert);
-      } else if (message.type === "feedback") {
-        const row = document.getElementById(`alert-${message.feedback.id}`);
-        if (row) renderFeedback(row, message.feedback);
-        const waiting = buffer.find((a) => a.id === message.feedback.id);
-        if (waiting) Object.assign(waiting, message.feedback);
+      } else if (message.type === "verdict") {
+        const row = document.getElementById(`incident-${message.verdict.id}`);
+        if (row) renderVerdict(row, message.verdict);
+        const pending = waiting.get(message.verdict.id);
+        if (pending) Object.assign(pending, message.verdict);
       } else if (message.type === "error") {
         setStatus("error", message.detail);
       }
@@ -174,7 +242,8 @@
     });
   }
 
-  // Verdicts: the same form works without script (post and come back); with it, no reload.
+  // Verdicts: the same form works without script (post and come back); with it, no reload. The
+  // form carries the incident id of its row: the server refuses a verdict sent for another one.
   body.addEventListener("submit", async (event) => {
     const form = event.target.closest("form.mark");
     if (!form) return;
@@ -196,10 +265,11 @@
       }
       const answer = await response.json();
       if (!response.ok) throw new Error(answer.detail || `HTTP ${response.status}`);
-      renderFeedback(row, answer);
+      renderVerdict(row, answer);
+      fill(row, "verdict_by", `${answer.verdict_by ? `by ${answer.verdict_by}` : ""} (incident ${answer.id})`);
       form.querySelector('input[name="note"]').value = "";
     } catch (error) {
-      fill(row, "feedback_by", `not saved: ${error.message}`);
+      fill(row, "verdict_by", `not saved: ${error.message}`);
     } finally {
       form.querySelectorAll("button").forEach((b) => (b.disabled = false));
     }

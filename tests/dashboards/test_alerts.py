@@ -21,7 +21,7 @@ from django.utils.html import escape
 from dashboards.alerts import consumers
 from dashboards.alerts.selectors import AlertFilterError, AlertFilters, alert_list, alerts_after
 from dashboards.models import Membership
-from ingest.models import Detection
+from ingest.models import Detection, Incident
 from ingest.services import events_ingest
 from tests.ingest.events import model_round, run_started, tool_call, tool_result
 
@@ -122,16 +122,16 @@ def test_the_alerts_page_needs_a_login(client):
 
 
 @pytest.mark.django_db
-def test_the_page_lists_the_users_interventions_only(client, loops, tenant):
+def test_the_page_lists_the_users_incidents_only(client, loops, tenant):
     mine, theirs = loops
+    incident = Incident.objects.get(run_id=mine.run_id)
     client.force_login(_user(tenant, "ana", Membership.Role.VIEWER))
     page = client.get(URL).content.decode()
-    assert f'id="alert-{mine.pk}"' in page and "mine-1" in page and escape(mine.hint) in page
-    assert f'href="/runs/{mine.run_id}/?seq={mine.seq}#det-{mine.pk}"' in page
-    assert "theirs-1" not in page and f'id="alert-{theirs.pk}"' not in page and "claude" not in page
-    observation = Detection.objects.get(tenant=tenant, action="observe")
-    assert f'id="alert-{observation.pk}"' not in page
-    assert f'id="alert-{observation.pk}"' in client.get(URL, {"observe": "1"}).content.decode()
+    assert f'id="incident-{incident.pk}"' in page and "mine-1" in page and escape(mine.hint) in page
+    assert f'href="/runs/{mine.run_id}/#incidents"' in page
+    assert f'href="/alerts/incidents/{incident.pk}/"' in page
+    assert "theirs-1" not in page and "claude" not in page
+    assert f'id="incident-{Incident.objects.get(run_id=theirs.run_id).pk}"' not in page
     # a viewer sees the verdicts but gets no form to give one
     assert 'class="mark"' not in page.split('<template id="alert-row">')[0]
     config = re.search(r'<script id="alerts-config" type="application/json">(.*?)</script>', page, re.S)
@@ -143,14 +143,26 @@ def test_the_page_lists_the_users_interventions_only(client, loops, tenant):
 @pytest.mark.django_db
 def test_the_page_filters_on_the_server_and_refuses_bad_filters(client, loops, tenant):
     mine, _ = loops
+    row = f'id="incident-{Incident.objects.get(run_id=mine.run_id).pk}"'
     client.force_login(_user(tenant, "ana"))
-    assert f'id="alert-{mine.pk}"' in client.get(URL, {"kind": "exact_repeat"}).content.decode()
-    assert f'id="alert-{mine.pk}"' not in client.get(URL, {"kind": "oscillation"}).content.decode()
-    assert f'id="alert-{mine.pk}"' not in client.get(URL, {"backend": "anthropic"}).content.decode()
-    assert f'id="alert-{mine.pk}"' not in client.get(URL, {"action": "terminate"}).content.decode()
-    bad = client.get(URL, {"action": "explode"})
-    assert bad.status_code == 400 and 'data-field="action"' in bad.content.decode()
-    assert "action: unknown action" in bad.content.decode()
+    assert row in client.get(URL, {"kind": "exact_repeat"}).content.decode()
+    assert row not in client.get(URL, {"kind": "oscillation"}).content.decode()
+    assert row not in client.get(URL, {"backend": "anthropic"}).content.decode()
+    assert row not in client.get(URL, {"action": "terminate"}).content.decode()
+    assert row in client.get(URL, {"status": "open", "range": "30d"}).content.decode()
+    assert row not in client.get(URL, {"status": "resolved"}).content.decode()
+    Incident.objects.update(last_seen=timezone.now() - timedelta(days=2))
+    assert row not in client.get(URL, {"range": "24h"}).content.decode()
+    assert row in client.get(URL, {"range": "7d"}).content.decode()
+    for params, field in (
+        ({"action": "explode"}, "action"),
+        ({"status": "x"}, "status"),
+        ({"range": "2y"}, "range"),
+        ({"before": "-1"}, "before"),
+    ):
+        bad = client.get(URL, params)
+        assert bad.status_code == 400 and f'data-field="{field}"' in bad.content.decode(), params
+    assert "action: unknown action" in client.get(URL, {"action": "explode"}).content.decode()
 
 
 @pytest.mark.django_db
@@ -552,9 +564,12 @@ def test_a_kind_in_shadow_is_listed_as_what_it_would_have_done(
     plain = Detection.objects.exclude(pk=shadowed.pk).get(tenant=tenant, action="observe")
     client.force_login(_user(tenant, "ana"))
     page = client.get(URL).content.decode()
-    row = page.split(f'id="alert-{shadowed.pk}"')[1].split("</tr>")[0]
+    incident = Incident.objects.get(run_id=shadowed.run_id)
+    assert (incident.action, incident.shadow) == ("observe", "correct")
+    row = page.split(f'id="incident-{incident.pk}"')[1].split("</tr>")[0]
     assert "would have corrected" in row and "pill act-observe shadow" in row
-    assert f'id="alert-{plain.pk}"' not in page  # an observation that was never more stays out
+    assert Incident.objects.filter(tenant=tenant).count() == 1  # an observation that was never more: none
+    assert plain.kind == incident.kind
     filters = AlertFilters.parse({})
     alert = {"action": "observe", "shadow": "correct", "kind": "exact_repeat"}
     assert filters.matches(alert) and not filters.matches({**alert, "shadow": ""})

@@ -357,3 +357,19 @@ def test_concurrent_rolls_of_the_same_hours_leave_one_set_of_rows(needs_postgres
         assert proc.returncode == 0, err[-3000:]
     assert _rows() == expected  # no row twice
     assert RollupHour.objects.filter(hour__in=hours).count() == len(hours)
+
+
+def test_rollups_older_than_their_retention_are_deleted(tenant, settings):
+    from dashboards.overview.rollup import rollups_purge
+
+    settings.LOOPWATCH_ROLLUP_RETENTION_DAYS = 800
+    now = datetime(2026, 12, 2, 12, tzinfo=UTC)
+    old, kept = now - timedelta(days=801), now - timedelta(days=799)
+    for hour in (old, kept):
+        hour = hour.replace(minute=0, second=0, microsecond=0)
+        rollup_hour_build(hour=hour, now=now)
+    assert RollupHour.objects.count() == 2
+    assert rollups_purge(now=now) == 1
+    assert list(RollupHour.objects.values_list("hour", flat=True)) == [
+        kept.replace(minute=0, second=0, microsecond=0)
+    ]
