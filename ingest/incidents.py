@@ -20,6 +20,7 @@ import orjson
 from django.db import connection, transaction
 from django.db.models import Q
 
+from ingest.bulk import postgres_statements
 from ingest.models import Detection, GuardDelivery, Incident, Run
 
 ACTION_ORDER = ("observe", "correct", "handoff", "terminate")
@@ -140,7 +141,7 @@ def incidents_refresh(*, keys: set[ProblemKey]) -> list[Incident]:
     """Create or bring up to date the incidents of these problems from their stored detections."""
     if not keys:
         return []
-    if connection.vendor == "postgresql":
+    if postgres_statements():
         sql, params = incidents_statement(keys)  # type: ignore[misc]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)

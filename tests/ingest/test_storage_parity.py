@@ -20,6 +20,7 @@ from ingest.bulk import portable_writes, rows_update
 from ingest.ledger import operation_claim, operation_complete
 from ingest.models import (
     Detection,
+    Incident,
     ModelRound,
     Operation,
     OperationTransition,
@@ -33,7 +34,7 @@ from ingest.services import events_ingest, runs_process
 from tests.ingest.events import model_round, run_finished, run_started, tool_call, tool_result
 
 # Set by the database or the clock of the moment, not by the input.
-MOMENT = {"id", "tenant_id", "created_at", "updated_at", "at", "operation_id"}
+MOMENT = {"id", "tenant_id", "created_at", "updated_at", "at", "operation_id", "last_detection_id"}
 
 
 def _rows(model, *, tenant: Tenant, order: tuple[str, ...], via: str = "tenant") -> list[dict[str, Any]]:
@@ -95,10 +96,11 @@ def test_the_pipelines_pass_stores_the_same_rows_both_ways(needs_postgres):
             "calls": _rows(ToolCall, tenant=tenant, order=("run__run_id", "seq"), **by_run),
             "rounds": _rows(ModelRound, tenant=tenant, order=("run__run_id", "seq"), **by_run),
             "pending": _rows(PendingResult, tenant=tenant, order=("run__run_id", "seq"), **by_run),
+            "incidents": _rows(Incident, tenant=tenant, order=("run__run_id", "kind", "signature")),
         }
 
     ours, theirs = stored(native), stored(portable)
-    assert ours["detections"] and ours["calls"] and ours["rounds"]  # the input exercised them
+    assert ours["detections"] and ours["calls"] and ours["rounds"] and ours["incidents"]  # all exercised
     assert any(d["action"] == "correct" for d in ours["detections"])
     for table in ours:
         assert ours[table] == theirs[table], table
