@@ -100,6 +100,8 @@ def test_the_pipelines_pass_stores_the_same_rows_both_ways(needs_postgres):
         }
 
     ours, theirs = stored(native), stored(portable)
+    for incident in (*ours["incidents"], *theirs["incidents"]):  # a step names its detection's pk
+        incident["steps"] = [{k: v for k, v in step.items() if k != "id"} for step in incident["steps"]]
     assert ours["detections"] and ours["calls"] and ours["rounds"] and ours["incidents"]  # all exercised
     assert any(d["action"] == "correct" for d in ours["detections"])
     for table in ours:
