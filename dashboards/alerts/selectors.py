@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from django.db.models import Q, QuerySet
@@ -25,14 +26,31 @@ class AlertFilterError(ValueError):
         self.reason = reason
 
 
+def _parse_time(params: Any, name: str) -> datetime | None:
+    raw = (params.get(name) or "").strip()
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise AlertFilterError(name, f"{raw[:40]!r} is not a time like 2026-11-29T08:00:00Z") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC)
+
+
 @dataclass(frozen=True)
 class AlertFilters:
-    """What the page shows: interventions unless `observe`, optionally one kind, backend, action."""
+    """What the page shows: interventions unless `observe`, optionally one kind, backend, model,
+    action, and a time window [since, until) of the events that fired them (a bar of the overview)."""
 
     kind: str = ""
     backend: str = ""
     action: str = ""
     observe: bool = False
+    model: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
 
     @classmethod
     def parse(cls, params: Any) -> AlertFilters:
@@ -48,12 +66,24 @@ class AlertFilters:
             raise AlertFilterError(
                 "action", f"unknown action {action[:40]!r} (one of {', '.join(Detection.Action.values)})"
             )
+        model = (params.get("model") or "").strip()
+        if len(model) > 200:
+            raise AlertFilterError("model", "at most 200 characters")
+        since, until = _parse_time(params, "from"), _parse_time(params, "to")
+        if since and until and until <= since:
+            raise AlertFilterError("to", "must be after from")
         observe_raw = (params.get("observe") or "").strip().lower()
         if observe_raw not in ("", "0", "1", "on", "true", "false", "off"):
             raise AlertFilterError("observe", "must be 1 or 0")
         # Asking for the observe action is asking to see observations.
         observe = observe_raw in ("1", "on", "true") or action == Detection.Action.OBSERVE
-        return cls(kind=kind, backend=backend, action=action, observe=observe)
+        return cls(
+            kind=kind, backend=backend, action=action, observe=observe, model=model, since=since, until=until
+        )
+
+    @property
+    def narrowed(self) -> bool:
+        return bool(self.kind or self.backend or self.model or self.action or self.since or self.until)
 
     def q(self) -> Q:
         q = Q()
@@ -66,23 +96,48 @@ class AlertFilters:
             q &= Q(backend=self.backend)
         if self.action:
             q &= Q(action=self.action)
+        if self.model:
+            q &= Q(model=self.model)
+        if self.since:
+            q &= Q(ts__gte=self.since)
+        if self.until:
+            q &= Q(ts__lt=self.until)
         return q
 
     def matches(self, alert: dict[str, Any]) -> bool:
         """The same test as q(), on a published alert payload."""
         if not self.observe and alert.get("action") == Detection.Action.OBSERVE and not alert.get("shadow"):
             return False
+        if self.since or self.until:
+            try:
+                ts = datetime.fromisoformat(str(alert.get("ts", "")).replace("Z", "+00:00"))
+            except ValueError:
+                return False
+            if (self.since and ts < self.since) or (self.until and ts >= self.until):
+                return False
         return (
             (not self.kind or alert.get("kind") == self.kind)
             and (not self.backend or alert.get("backend") == self.backend)
+            and (not self.model or alert.get("model") == self.model)
             and (not self.action or alert.get("action") == self.action)
         )
 
     def as_query(self) -> dict[str, str]:
-        query = {"kind": self.kind, "backend": self.backend, "action": self.action}
+        query = {
+            "kind": self.kind,
+            "backend": self.backend,
+            "model": self.model,
+            "action": self.action,
+            "from": _iso(self.since),
+            "to": _iso(self.until),
+        }
         if self.observe:
             query["observe"] = "1"
         return {k: v for k, v in query.items() if v}
+
+
+def _iso(when: datetime | None) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ") if when else ""
 
 
 class Alert(TypedDict, total=False):

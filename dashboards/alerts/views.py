@@ -77,6 +77,7 @@ def index(request: HttpRequest) -> HttpResponse:
             "alerts": rows,
             "blank_alert": {"id": 0, "can_mark": True},
             "filters": filters,
+            "filter_query": filters.as_query(),
             "kinds": ALERT_KINDS,
             "actions": Detection.Action.values,
             "backends": sorted(set(backends_seen(tenant_ids=tenant_ids)) | {filters.backend} - {""}),

@@ -32,6 +32,7 @@ from dashboards.overview.selectors import (
     latest_runs,
     page_reads,
     run_figures,
+    settings_changes,
     tail_histograms,
     tail_runs,
     unknown_operations,
@@ -39,6 +40,8 @@ from dashboards.overview.selectors import (
 from dashboards.selectors import user_tenants
 
 CACHED_CHOICES = {"backend", "model", "task_type", "agent", "bin_task"}
+REFRESH_S = 45  # the page redraws itself (static/js/overview.js): a minute-old overview is still news
+OPTIONS_MAX = 200  # values of a filter offered as a menu; past that the filter is typed
 
 
 def _parse(request: HttpRequest, now: datetime) -> tuple[OverviewFilters, FilterOptions, dict[str, int]]:
@@ -80,6 +83,10 @@ def overview(request: HttpRequest) -> HttpResponse:
         "plotly_src": reverse("plotlyjs", args=[plotlyjs_version()]),
         "tail_url": reverse("overview-tail"),
         "figures": {},
+        "refresh_s": REFRESH_S,
+        "options_max": OPTIONS_MAX,
+        "max_facets": charts.MAX_FACETS,
+        "now": now,
     }
     if not options.task_types:  # no run at all in the user's tenants; writes claimed through the API may be
         context["unknown"] = unknown_operations(f=f, now=now) if tenants else None
@@ -96,14 +103,16 @@ def _figures(f: OverviewFilters, context: dict, now: datetime) -> None:
     cover = coverage(f=f)
     runs = run_figures(f=f, cover=cover)
     totals = runs["totals"]
-    context.update(totals=totals, by_backend=runs["by_backend"])
+    by_backend = charts.backends_bounded(runs["by_backend"])
+    changes = settings_changes(f=f)
+    context.update(totals=totals, by_backend=by_backend, changes=changes)
     if not totals["runs"]:
         context["last_started"] = last_run_started(f=f)
     else:
-        figures["cost_success"], figures["cost_burned"] = charts.cost_charts(runs["by_backend"])
-        figures["budget_type"], figures["budget_task"] = charts.budget_share_charts(
-            runs["budget_rows"], time_axis
-        )
+        figures["cost_success"], figures["cost_burned"] = charts.cost_charts(by_backend)
+        budget_type, budget_task = charts.budget_share_charts(runs["budget_rows"], time_axis)
+        figures["budget_type"] = charts.with_change_marks(budget_type, changes)
+        figures["budget_task"] = charts.with_change_marks(budget_task, changes)
         histograms = tail_histograms(f=f)
         context["tail_table"] = charts.tail_table(histograms)
         if histograms[f.metric]:
@@ -120,10 +129,14 @@ def _figures(f: OverviewFilters, context: dict, now: datetime) -> None:
     context["detections"] = sum(r["n"] for r in found)
     context["interventions"] = sum(r["n"] for r in found if r["action"] != "observe")
     if context["interventions"]:
-        figures["loops"] = charts.loop_events_chart(detections["series"], time_axis)
+        figures["loops"] = charts.with_change_marks(
+            charts.loop_events_chart(detections["series"], time_axis, f.step), changes
+        )
     context["action_table"] = charts.action_table(found)
     if any(r["kind"] in REPEAT_KINDS for r in found):
-        figures["repeats"] = charts.repeat_triggers_chart(found, runs["by_backend"], REPEAT_KINDS)
+        figures["repeats"] = charts.repeat_triggers_chart(
+            found, by_backend, REPEAT_KINDS, window=(f.start, f.end)
+        )
     figures["false_alarms"], context["feedback_table"], context["feedback"] = charts.false_alarm_figures(
         found
     )
