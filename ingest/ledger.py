@@ -89,6 +89,7 @@ def _move(
     note: str = "",
     evidence: dict | None = None,
     into: list[OperationTransition] | None = None,
+    operator_reference: str = "",
 ) -> None:
     """Change the status in memory and record the transition; the caller saves the operation.
 
@@ -103,6 +104,7 @@ def _move(
         actor=actor,
         actor_id=actor_id,
         note=note,
+        operator_reference=operator_reference,
         evidence=evidence or {},
     )
     if into is None:
@@ -701,6 +703,8 @@ def operation_resolve(
 ) -> Operation:
     """An operator's decision: succeeded (with the reference), not executed (retryable), compensated.
 
+    The operator's reference is stored on the decision (OperationTransition.operator_reference); the
+    operation keeps the external_request_id its attempt reported, which the history would lose.
     `expected`: the status the operator was shown; when the operation has moved since, AlreadyResolved.
     """
     if not note.strip():
@@ -710,16 +714,7 @@ def operation_resolve(
         _decidable(op, expected)
         if to not in OPERATOR_TARGETS:
             raise TransitionRefused(op, to)
-        if external_reference:
-            op.external_request_id = external_reference
-        _move(
-            op,
-            to,
-            actor=Actor.USER,
-            actor_id=user,
-            note=note,
-            evidence={"external_reference": external_reference} if external_reference else {},
-        )
+        _move(op, to, actor=Actor.USER, actor_id=user, note=note, operator_reference=external_reference)
         op.needs_person = False
         if to == S.COMPENSATED:
             metrics.compensation(op)

@@ -62,6 +62,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
     "ingest.api.errors.DatabaseUnavailableMiddleware",
+    # A view's 404 is the app's page with the navigation, DEBUG or not (no debug page for a bad slug).
+    "ingest.api.errors.NotFoundPageMiddleware",
     # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]

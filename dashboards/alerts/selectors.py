@@ -8,7 +8,8 @@ from typing import Any, TypedDict
 
 from django.db.models import Q, QuerySet
 
-from dashboards.models import OPERATOR_ROLES, Membership
+from dashboards.selectors import operator_tenant_ids, visible_to
+from dashboards.selectors import user_tenant_ids as _user_tenant_ids
 from ingest.detection import KINDS
 from ingest.models import Detection
 from ingest.services import alert_payload
@@ -163,18 +164,12 @@ class Alert(TypedDict, total=False):
 
 
 def user_tenant_ids(*, user) -> list[int]:
-    if not user.is_authenticated:
-        return []
-    return list(Membership.objects.filter(user=user).values_list("tenant_id", flat=True))
+    return _user_tenant_ids(user=user)
 
 
 def feedback_tenant_ids(*, user) -> list[int]:
-    """Tenants in which the user may mark alerts (operator or admin)."""
-    if not user.is_authenticated:
-        return []
-    return list(
-        Membership.objects.filter(user=user, role__in=OPERATOR_ROLES).values_list("tenant_id", flat=True)
-    )
+    """Tenants in which the user may mark alerts (operator or admin; a superuser in every one)."""
+    return operator_tenant_ids(user=user)
 
 
 def _detections(*, tenant_ids: list[int], filters: AlertFilters) -> QuerySet[Detection]:
@@ -236,7 +231,7 @@ def latest_alert_id(*, tenant_ids: list[int]) -> int:
 
 
 def detection_for_user(*, user, pk: int) -> Detection | None:
-    return Detection.objects.filter(pk=pk, tenant__memberships__user=user).select_related("run").first()
+    return Detection.objects.filter(visible_to(user), pk=pk).select_related("run").first()
 
 
 def backends_seen(*, tenant_ids: list[int]) -> list[str]:

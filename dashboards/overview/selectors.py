@@ -26,6 +26,7 @@ from django.db.models.functions import Coalesce
 
 from dashboards.models import ConfigChange, DetectionRollup, RollupHour, RunRollup
 from dashboards.overview.filters import FilterOptions, OverviewFilters
+from dashboards.queue.selectors import has_reconciler, needs_person_q
 from ingest.models import Detection, Operation, Run
 
 FINISHED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.TRUNCATED, Run.Status.ABANDONED)
@@ -449,7 +450,7 @@ def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -
     aggregates: dict[str, Any] = {
         "open": Count("pk"),
         "first": Min("unknown_since"),
-        "people": Count("pk", filter=Q(needs_person=True)),
+        "people": Count("pk", filter=needs_person_q()),  # the write queue's rule
     }
     lower = None
     for index, (_, upper) in enumerate(UNKNOWN_AGES):
@@ -465,6 +466,7 @@ def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -
     listed = list(
         ops.filter(unknown_since__isnull=False)
         .select_related("tenant", "run")
+        .annotate(reconciler_exists=has_reconciler())
         .only("operation_key", "tool", "unknown_since", "needs_person", "tenant__slug", "run__run_id")
         .order_by("unknown_since", "pk")[:oldest]
     )

@@ -99,7 +99,7 @@ def _changes(tenant, limit: int) -> list[dict[str, Any]]:
 
 @login_required
 def index(request):
-    first = user_memberships(user=request.user).first()
+    first = next(iter(user_memberships(user=request.user)), None)
     if first is None:
         return render(request, "dashboards/thresholds/no_tenant.html")
     return redirect("thresholds:tenant", slug=first.tenant.slug)
