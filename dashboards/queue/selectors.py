@@ -139,11 +139,7 @@ def queue_tools(*, user, now: datetime | None = None) -> list[str]:
 
 def queue_operation_get(*, user, pk: int) -> Operation | None:
     """One operation of the user's tenants, whatever its state (a resolved one stays readable)."""
-    return (
-        Operation.objects.filter(visible_to(user), pk=pk)
-        .select_related("tenant", "run")
-        .first()
-    )
+    return Operation.objects.filter(visible_to(user), pk=pk).select_related("tenant", "run").first()
 
 
 def operation_is_open(op: Operation, now: datetime | None = None) -> bool:

@@ -26,9 +26,7 @@ RUN_STATUSES = tuple(Run.Status.values)
 
 
 def run_for_user(*, user, pk: int) -> Run | None:
-    return (
-        Run.objects.filter(visible_to(user), pk=pk).select_related("tenant", "cursor").first()
-    )
+    return Run.objects.filter(visible_to(user), pk=pk).select_related("tenant", "cursor").first()
 
 
 def run_search(*, tenant_ids: list[int], q: str) -> tuple[list[Run], list[Run], bool]:
