@@ -66,7 +66,7 @@ def reconcile_schedule(op: Operation, now: datetime, *, reconciler: bool) -> dic
         }
     return {
         "text": "",
-        "why": f"due since {at:%H:%M:%S} UTC: waiting for Celery beat's next pass (is beat running?)",
+        "why": f"due since {at:%H:%M:%S} UTC: waiting for the next pass of Celery beat (is beat running?)",
     }
 
 
