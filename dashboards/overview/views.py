@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -42,6 +44,11 @@ from dashboards.selectors import user_tenants
 CACHED_CHOICES = {"backend", "model", "task_type", "agent", "bin_task"}
 REFRESH_S = 45  # the page redraws itself (static/js/overview.js): a minute-old overview is still news
 OPTIONS_MAX = 200  # values of a filter offered as a menu; past that the filter is typed
+# At most LOOPWATCH_OVERVIEW_RENDERS renders at once in a process (issue 11: eight heavy loads starved
+# uvicorn's health ping); the next waits RENDER_WAIT_S, then is told to come back.
+RENDERS = threading.BoundedSemaphore(settings.LOOPWATCH_OVERVIEW_RENDERS)
+RENDER_WAIT_S = 10.0
+RETRY_AFTER_S = 5
 
 
 def _parse(request: HttpRequest, now: datetime) -> tuple[OverviewFilters, FilterOptions, dict[str, int]]:
@@ -63,6 +70,17 @@ def _bad_request(request: HttpRequest, exc: BadParameter, *, fragment: bool = Fa
         return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
     context = {"field": exc.name, "detail": str(exc)}
     return render(request, "dashboards/overview/error.html", context, status=400)
+
+
+def _busy(request: HttpRequest) -> HttpResponse:
+    detail = (
+        f"The overview is being drawn for {settings.LOOPWATCH_OVERVIEW_RENDERS} other requests of this "
+        f"server process; it reloads in {RETRY_AFTER_S} s."
+    )
+    response = render(request, "error.html", {"title": "Busy", "detail": detail}, status=503)
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    response["Refresh"] = str(RETRY_AFTER_S)
+    return response
 
 
 @login_required
@@ -91,8 +109,13 @@ def overview(request: HttpRequest) -> HttpResponse:
     if not options.task_types:  # no run at all in the user's tenants; writes claimed through the API may be
         context["unknown"] = unknown_operations(f=f, now=now) if tenants else None
         return render(request, "dashboards/overview/index.html", context)
-    with page_reads():
-        _figures(f, context, now)
+    if not RENDERS.acquire(timeout=RENDER_WAIT_S):
+        return _busy(request)
+    try:
+        with page_reads():
+            _figures(f, context, now)
+    finally:
+        RENDERS.release()
     context["figure_scripts"] = [(f"fig-{name}", figure) for name, figure in context["figures"].items()]
     return render(request, "dashboards/overview/index.html", context)
 

@@ -238,3 +238,22 @@ def test_writes_no_reconciler_will_ask_about_count_as_needing_a_person_on_the_ov
     assert "1 need a person" in page
     queue = client.get("/queue/").content.decode()
     assert 'id="queue-needs-person">1<' in queue
+
+
+def test_renders_past_the_limit_of_a_process_wait_then_are_told_to_come_back(client, tenant, monkeypatch):
+    from dashboards.overview import views
+
+    _detection(_run(tenant, "r1", backend="openai", model="gpt-4o"))
+    client.force_login(_member(tenant))
+    monkeypatch.setattr(views, "RENDER_WAIT_S", 0.01)
+    held = 0
+    while views.RENDERS.acquire(blocking=False):  # every render slot of this process taken
+        held += 1
+    try:
+        response = client.get("/")
+        assert response.status_code == 503 and response["Retry-After"] == "5"
+        assert "being drawn for" in response.content.decode()
+    finally:
+        for _ in range(held):
+            views.RENDERS.release()
+    assert held == 2 and client.get("/").status_code == 200
