@@ -15,8 +15,8 @@ from typing import Any
 
 ACTIONS = ("observe", "correct", "handoff", "terminate")
 ACTION_COLORS = {"observe": "#9ca3af", "correct": "#2563eb", "handoff": "#d97706", "terminate": "#dc2626"}
-# One colour per kind on every chart and page, whatever else is in view (a kind's colour never depends
-# on which kinds a range holds). static/css/loopwatch.css gives the alerts page's kind pills the same.
+# One colour per kind on every chart, whatever else is in view (a kind's colour never depends on which
+# kinds a range holds).
 KIND_COLORS = {
     "exact_repeat": "#2563eb",
     "oscillation": "#7c3aed",
