@@ -383,13 +383,14 @@ def budget_share_charts(rows: list[dict[str, Any]], buckets: list[datetime]) -> 
 
 def _capped_series(series: dict[str, list[int]], length: int) -> dict[str, list[int]]:
     """At most MAX_SERIES series, the biggest; the rest summed as OTHER."""
+    if len(series) <= MAX_SERIES:
+        return series
     names = top_names({name: sum(values) for name, values in series.items()}, MAX_SERIES)
-    if OTHER not in names or OTHER in series:
-        return {name: values for name, values in series.items() if name in names} if names else series
+    keep = set(names) - {OTHER}
     out = {name: series[name] for name in names if name != OTHER}
-    out[OTHER] = [0] * length
+    out[OTHER] = [0] * length  # a series a tenant named "other" joins the rest
     for name, values in series.items():
-        if name not in out:
+        if name not in keep:
             out[OTHER] = [a + b for a, b in zip(out[OTHER], values, strict=True)]
     return out
 
@@ -397,9 +398,9 @@ def _capped_series(series: dict[str, list[int]], length: int) -> dict[str, list[
 def _capped_tasks(
     finished: dict[str, list[int]], budget: dict[str, list[int]], length: int
 ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    names = top_names({name: sum(values) for name, values in finished.items()}, MAX_SERIES)
-    if OTHER not in names or OTHER in finished:
+    if len(finished) <= MAX_SERIES:
         return finished, budget
+    names = top_names({name: sum(values) for name, values in finished.items()}, MAX_SERIES)
     keep = set(names) - {OTHER}
     out_finished = {name: finished[name] for name in keep}
     out_budget = {name: budget[name] for name in keep}

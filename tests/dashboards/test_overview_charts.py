@@ -368,7 +368,10 @@ def test_two_thousand_backend_model_pairs_make_a_bounded_page():
         t["visible"] and t["name"] == "task-59" for t in tail["data"]
     )
     budget_type, budget_task = charts.budget_share_charts(
-        [{"bucket": T0, "task_type": f"t{i}", "budget_type": f"budget-{i}", "runs": 1} for i in range(100)],
+        [
+            {"bucket": T0, "task_type": f"t{i}", "budget_type": f"budget-{i}" if i else "other", "runs": 1}
+            for i in range(100)
+        ],
         [T0],
     )
     assert len(budget_type["data"]) == charts.MAX_SERIES and len(budget_task["data"]) == charts.MAX_SERIES
