@@ -66,6 +66,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
     "ingest.api.errors.DatabaseUnavailableMiddleware",
+    # A view's 404 is the app's page with the navigation, DEBUG or not (no debug page for a bad slug).
+    "ingest.api.errors.NotFoundPageMiddleware",
     # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -217,6 +219,10 @@ LOOPWATCH_BODY_TIMEOUT_S = env_int("LOOPWATCH_BODY_TIMEOUT_S", 60, minimum=1)
 # Time budgets (docs/limits.md): a guard check's catching up with the run, a threshold preview's replay.
 LOOPWATCH_GUARD_BUDGET_MS = env_int("LOOPWATCH_GUARD_BUDGET_MS", 2000, minimum=1)
 LOOPWATCH_PREVIEW_BUDGET_MS = env_int("LOOPWATCH_PREVIEW_BUDGET_MS", 10_000, minimum=1)
+# Overview renders one web process makes at once; more wait up to 10 s, then get a 503 with
+# Retry-After. The page reads stored figures, bounded whatever a tenant sends, but a few heavy ranges
+# at once must not starve the process's other requests (its health check among them).
+LOOPWATCH_OVERVIEW_RENDERS = env_int("LOOPWATCH_OVERVIEW_RENDERS", 2, minimum=1)
 # Django's own guard sits just above ours so that ours answers first, with a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LOOPWATCH_MAX_BODY_BYTES + 1
 
