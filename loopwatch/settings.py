@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "axes",
     "ingest",
     "dashboards",
+    "demo",  # demo traffic and the demo user (manage.py simulate, demo_setup)
 ]
 
 MIDDLEWARE = [

@@ -2,7 +2,7 @@
 
 It goes through HTTP like any agent runtime (never the ORM), so it exercises the whole
 way in: authentication, validation, storage, per-run processing. The runs come from
-ingest.simulation; several are interleaved, each one's events in order.
+demo.simulation; several are interleaved, each one's events in order.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import orjson
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
-from ingest.simulation import Event, SimRun, run_generate
+from demo.simulation import Event, SimRun, run_generate
 
 EVENTS_PATH = "/api/v1/events"
 SERVER_WAIT_S = 30.0  # how long to keep retrying an unreachable server (it may be starting)

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.db.models import Max, Min
 from django.utils import timezone
 
-from ingest.management.commands import simulate
+from demo.management.commands import simulate
 from ingest.models import Event, Run, ToolCall
 
 # live_server serves from another thread: the data must really be committed.
