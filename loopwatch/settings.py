@@ -139,7 +139,9 @@ if REDIS_URL:
         }
     }
 else:
-    CELERY_BROKER_URL = "memory://"
+    # Eager Celery still opens a producer (on this in-memory transport) for each task it runs; a URL
+    # without a host made kombu warn once per process that it assumed "localhost".
+    CELERY_BROKER_URL = "memory://localhost/"
     # Eager: tasks run in the web process right after the commit that queued them.
     CELERY_TASK_ALWAYS_EAGER = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

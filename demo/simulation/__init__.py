@@ -25,7 +25,15 @@ The package, in the order a run is made:
 
 from __future__ import annotations
 
-from demo.simulation.catalogue import AGENTS, ROUNDS, TASK_BUDGETS, TASK_TYPES, Agent, rounds_sample
+from demo.simulation.catalogue import (
+    AGENT_CHANNELS,
+    AGENTS,
+    ROUNDS,
+    TASK_BUDGETS,
+    TASK_TYPES,
+    Agent,
+    rounds_sample,
+)
 from demo.simulation.mix import SCENARIOS, SCENARIOS_BY_NAME, Scenario, SimRun, run_generate, scenario_pick
 from demo.simulation.plans import Plan, Step
 from demo.simulation.runs import Event, RunBuilder
@@ -48,6 +56,7 @@ from demo.simulation.scenarios import (
 
 __all__ = [
     "AGENTS",
+    "AGENT_CHANNELS",
     "ROUNDS",
     "SCENARIOS",
     "SCENARIOS_BY_NAME",

@@ -128,6 +128,15 @@ AGENTS: tuple[Agent, ...] = (
     ),
 )
 
+# How each agent's runtime reaches loopwatch (manage.py simulate): the others send trace events over
+# REST; these ask the guard before every tool call (loopwatch_client's Guard), or export
+# OpenTelemetry traces (OTLP).
+AGENT_CHANNELS: dict[str, Literal["guard", "otlp"]] = {
+    "refund-desk": "guard",
+    "shop-assistant": "guard",
+    "analyst": "otlp",
+}
+
 DEPLOYMENTS = ("prod-eu", "prod-us", "staging")
 PROMPT_VERSIONS = ("v7", "v8", "v8.1", "v9-beta")
 
