@@ -82,6 +82,8 @@ def up(argv: list[str]) -> int:
             "--port",
             port,
             "--no-access-log",
+            "--lifespan",
+            "off",  # Django's ASGI app has no lifespan events: uvicorn would say so at every start
         ],
         cwd=ROOT,
         env=env,
