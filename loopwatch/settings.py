@@ -157,6 +157,20 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "loopwatch")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# When the broker connection is lost, a running task can no longer be acknowledged on it: Celery
+# 5 let it run on and queued its ack on the dead channel, and a worker whose Redis came back empty
+# sat with those acks pending and fetched nothing for minutes (tests/faults, "redis down, back
+# empty", once in CI). Cancelling them (Celery 6's default) is safe: every task is harmless when
+# delivered twice and a pass's work is one transaction per run; the runs are found again by
+# detect_sweep.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# Without a socket timeout a synchronous command on a broker that vanished without closing the
+# connection (failover, a firewall's idle timeout) waits forever, in the worker's main process too.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_timeout": 10,
+    "socket_connect_timeout": 5,
+    "health_check_interval": 10,
+}
 # Runs whose enqueue was lost (Redis away at commit time, a task killed after taking them) are found
 # by detect_sweep: every worker sends it this often, one worker of all each time (loopwatch.celery),
 # and beat too, so that losing beat delays nothing by more than this (docs/operations.md).
