@@ -56,6 +56,10 @@ def up(argv: list[str]) -> int:
        embedded mode, where no beat process runs.
     3. Ctrl-C stops all three; the server keeps running when the traffic ends by itself.
     """
+    # Ctrl-C and `kill` end the children too. Explicit handlers, because a shell that starts dev.py
+    # in the background without job control makes it ignore SIGINT, and children inherit that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     install()
     port = os.environ.get("PORT", "8000")
     downstream_port = os.environ.get("DEMO_DOWNSTREAM_PORT", str(int(port) + 1))
@@ -118,14 +122,16 @@ def up(argv: list[str]) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        for proc in (*helpers, server):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in (*helpers, server):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        # The traffic and beat first (simulate prints its summary), then the server they talk to.
+        for group in (helpers, [server]):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+            for proc in group:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
     return server.returncode or 0
 
 

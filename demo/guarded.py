@@ -115,6 +115,7 @@ class GuardedAgent(threading.Thread):
         ledger = LedgerClient(url, key, worker_id=name, timeout=CHECK_TIMEOUT_S)
         self.guard = Guard(url, key, tracer=self.tracer, ledger=ledger, timeout=CHECK_TIMEOUT_S)
         self.error: BaseException | None = None
+        self.aborted = threading.Event()  # simulate was interrupted: leave the run where it is
 
     def run(self) -> None:
         try:
@@ -143,6 +144,11 @@ class GuardedAgent(threading.Thread):
         try:
             with self.guard.run(sim.run_id, **fields) as trace:
                 for kind, event, result in script_of(sim):
+                    if self.aborted.is_set():
+                        # Unfinished, as a runtime that was stopped leaves it: marked finished here
+                        # so that leaving guard.run() sends no run_finished (it would say succeeded).
+                        trace.finished = True
+                        return "interrupted"
                     if kind == "round":
                         self._think()
                         trace.model_round(
@@ -185,5 +191,5 @@ class GuardedAgent(threading.Thread):
             pass  # the model sees the error (or the ledger's answer) and goes on
 
     def _think(self) -> None:
-        if self.paced:
+        if self.paced and not self.stop.is_set():
             time.sleep(self.rng.uniform(*THINK_S))

@@ -293,6 +293,8 @@ class _Guarded:
         for agent in self.agents:
             if wait:
                 agent.join()
+            else:
+                agent.aborted.set()
         for agent in self.agents:
             if agent.error is not None:
                 raise CommandError(f"{agent.name}: {type(agent.error).__name__}: {agent.error}")
@@ -618,7 +620,7 @@ class Command(BaseCommand):
                 tally.events += agent.tracer.stats["sent"]
             checks = ", ".join(
                 f"{k} {guard_stats[k]}"
-                for k in ("allow", "reuse", "correct", "handoff", "terminate", "write")
+                for k in ("allow", "reuse", "correct", "handoff", "terminate", "write", "unavailable")
                 if guard_stats[k]
             )
         speed = tally.events / elapsed if elapsed > 0 else 0.0
