@@ -6,4 +6,7 @@ class IngestConfig(AppConfig):
     verbose_name = "Ingest"
 
     def ready(self) -> None:
-        from ingest import openapi  # noqa: F401 - registers the API key scheme with drf-spectacular
+        from ingest import (
+            openapi,  # noqa: F401 - registers the API key scheme with drf-spectacular
+            tasks,  # noqa: F401 - registers the tasks the services queue by name
+        )

@@ -2,58 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
-from django.conf import settings
-from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 
 from ingest.models import ApiKey
-from ingest.services import api_key_hash
-
-# last_used_at is written at most this often per key, not on every request.
-LAST_USED_RESOLUTION_S = 60
-
-
-# Active keys a process looked up lately: hash -> (valid until, key). Unknown and revoked keys are
-# never cached, so a new key works at once and a bad one is looked up (and refused) every time.
-_cache: dict[str, tuple[float, ApiKey]] = {}
-_CACHE_MAX = 10_000
-
-
-def api_key_lookup(raw: str) -> ApiKey | None:
-    """The active key for a raw bearer token, or None."""
-    if not raw or len(raw) > 200:
-        return None
-    digest = api_key_hash(raw)
-    hit = _cache.get(digest)
-    if hit is not None and hit[0] > time.monotonic():
-        return hit[1]
-    key = ApiKey.objects.select_related("tenant").filter(key_hash=digest).first()
-    if key is None or key.revoked_at is not None:
-        _cache.pop(digest, None)
-        return None
-    now = timezone.now()
-    if key.last_used_at is None or (now - key.last_used_at).total_seconds() > LAST_USED_RESOLUTION_S:
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-        key.last_used_at = now
-    ttl = settings.LOOPWATCH_KEY_CACHE_S
-    if ttl > 0:
-        if len(_cache) >= _CACHE_MAX:
-            _cache.clear()
-        _cache[digest] = (time.monotonic() + ttl, key)
-    return key
-
-
-def api_key_forget(key_hash: str) -> None:
-    """Drop a key from this process's cache (revoking calls it)."""
-    _cache.pop(key_hash, None)
-
-
-def api_key_cached(raw: str) -> bool:
-    """Whether this process holds the key as active in its cache: no database, for the event loop."""
-    hit = _cache.get(api_key_hash(raw)) if raw and len(raw) <= 200 else None
-    return hit is not None and hit[0] > time.monotonic()
+from ingest.services.keys import api_key_lookup
 
 
 def bearer_token(header: str) -> str | None:

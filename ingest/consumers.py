@@ -19,8 +19,9 @@ from django.conf import settings
 
 from ingest.api.errors import ApiError
 from ingest.api.events import check_batch_size, ingest_batch
-from ingest.auth import api_key_lookup, bearer_token
+from ingest.auth import bearer_token
 from ingest.models import ApiKey
+from ingest.services.keys import api_key_lookup
 
 logger = logging.getLogger(__name__)
 

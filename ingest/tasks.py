@@ -8,7 +8,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ingest.events import TASK_DETECT_PENDING, TASK_DETECT_RUN, TASK_DETECT_RUNS, TASK_DETECT_SWEEP
+from ingest.ledger import leases_expire, operations_purge, reconcile_due
 from ingest.models import RunCursor
+from ingest.otlp.service import otlp_parked_sweep as parked_spans_sweep
 from ingest.services import detection_enqueue, run_process, runs_pending_process, runs_process
 
 
@@ -53,23 +55,17 @@ def detect_sweep(limit: int = 500) -> int:
 @shared_task(name="ingest.ledger_expire_leases", soft_time_limit=60, time_limit=90)
 def ledger_expire_leases() -> int:
     """RUNNING operations past their lease become UNKNOWN."""
-    from ingest.ledger import leases_expire
-
     return leases_expire()
 
 
 @shared_task(name="ingest.ledger_reconcile", soft_time_limit=240, time_limit=300)
 def ledger_reconcile() -> int:
     """Ask the downstream about UNKNOWN operations that are due."""
-    from ingest.ledger import reconcile_due
-
     return reconcile_due()
 
 
 @shared_task(name="ingest.ledger_purge", soft_time_limit=240, time_limit=300)
 def ledger_purge() -> int:
-    from ingest.ledger import operations_purge
-
     return operations_purge()
 
 
@@ -78,9 +74,7 @@ def otlp_parked_sweep() -> int:
     """Place the OTLP spans parked for a run that exists now; drop those parked longer than
     LOOPWATCH_OTLP_PARK_S. Harmless when delivered twice: a span is placed in the transaction that
     removes it."""
-    from ingest.otlp.service import otlp_parked_sweep as sweep
-
-    placed, dropped = sweep(
+    placed, dropped = parked_spans_sweep(
         max_age_s=settings.LOOPWATCH_OTLP_PARK_S, max_event_bytes=settings.LOOPWATCH_MAX_EVENT_BYTES
     )
     return placed + dropped

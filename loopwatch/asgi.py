@@ -263,8 +263,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - needs
 
 from dashboards.routing import websocket_urlpatterns as page_routes  # noqa: E402
 from ingest.api.errors import database_failure, json_error  # noqa: E402
-from ingest.auth import api_key_cached, api_key_lookup, bearer_token, key_required  # noqa: E402
+from ingest.auth import bearer_token, key_required  # noqa: E402
 from ingest.routing import websocket_urlpatterns as api_routes  # noqa: E402
+from ingest.services.keys import api_key_cached, api_key_lookup  # noqa: E402
 
 # Everything loaded so far lives as long as the process: keep it out of the garbage collector's
 # full passes, which otherwise took a fifth of the CPU of a busy ingest worker.

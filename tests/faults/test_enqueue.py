@@ -14,9 +14,9 @@ import pytest
 import redis
 from django.conf import settings as live_settings
 
-from ingest import pending, services
+from ingest import pending
 from ingest.models import RunCursor
-from ingest.services import events_ingest
+from ingest.services import events_ingest, pipeline
 from loopwatch.celery import app
 from tests.ingest.events import model_round, run_started, tool_call, tool_result
 
@@ -37,7 +37,7 @@ def frozen_redis_setup(needs_redis, needs_postgres, private_redis, settings):
         yield private_redis, broker, queue
     finally:
         private_redis.thaw()
-        services._requeue.clear()
+        pipeline._requeue.clear()
         app.conf.task_default_queue, app.conf.task_always_eager = previous
         pending.pending_clients_forget()
         broker.delete(queue)
@@ -61,13 +61,13 @@ def test_a_frozen_redis_holds_ingest_for_the_enqueue_timeout_and_the_runs_are_ad
     events_ingest(tenant=tenant, events=_batch("frozen"), max_event_bytes=1 << 20)  # enqueues after commit
     held = time.monotonic() - started
     assert held < live_settings.LOOPWATCH_ENQUEUE_TIMEOUT_MS / 1000 + SLACK_S, f"ingest held {held:.2f} s"
-    assert services._requeue.held() == 1  # the process keeps the run
+    assert pipeline._requeue.held() == 1  # the process keeps the run
     assert broker.llen(queue) == 0
 
     time.sleep(1.0)  # Redis stays frozen a while: the requeue keeps trying
     private.thaw()
     deadline = time.monotonic() + 10
-    while services._requeue.held() or broker.llen(queue) == 0:
+    while pipeline._requeue.held() or broker.llen(queue) == 0:
         assert time.monotonic() < deadline, "the run was not added again after Redis came back"
         time.sleep(0.05)
     frozen = RunCursor.objects.get(run__run_id="frozen").run_id

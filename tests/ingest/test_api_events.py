@@ -222,7 +222,7 @@ def test_it_refuses_a_request_without_a_usable_key(api, key, tenant, make_key):
 def test_a_key_is_looked_up_once_per_cache_period_and_revoking_ends_it_at_once(
     key, settings, django_assert_num_queries
 ):
-    from ingest.auth import api_key_lookup
+    from ingest.services.keys import api_key_lookup
 
     settings.LOOPWATCH_KEY_CACHE_S = 60
     first = api_key_lookup(key)

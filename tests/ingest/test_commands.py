@@ -5,8 +5,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from ingest.auth import api_key_lookup
 from ingest.models import ApiKey
+from ingest.services.keys import api_key_lookup
 
 pytestmark = pytest.mark.django_db
 

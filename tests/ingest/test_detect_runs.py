@@ -216,7 +216,7 @@ def test_the_queries_of_a_task_do_not_grow_with_its_runs(needs_postgres, tenant)
 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_another_task_holds_is_passed_over_then_processed(needs_postgres, tenant, monkeypatch):
-    monkeypatch.setattr("ingest.services.detection_enqueue", lambda pks: None)
+    monkeypatch.setattr("ingest.services.ingestion.detection_enqueue", lambda pks: None)
     pks = _ingest(
         tenant, [run_started("free"), run_started("held"), model_round("free"), model_round("held")]
     )

@@ -12,10 +12,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from ingest import services
 from ingest.models import RunCursor
 from ingest.pending import pending_count
-from ingest.services import RETRY_AFTER_FAILURE_S, events_ingest, runs_pending_process
+from ingest.services import RETRY_AFTER_FAILURE_S, events_ingest, pipeline, runs_pending_process
 from ingest.tasks import detect_pending
 from loopwatch.celery import app
 from tests.ingest.events import model_round, run_started, tool_call, tool_result
@@ -33,7 +32,7 @@ def broker(needs_redis, needs_postgres):
     try:
         yield client, queue
     finally:
-        services._requeue.clear()  # nothing this test's process kept may land in another test's queue
+        pipeline._requeue.clear()  # nothing this test's process kept may land in another test's queue
         app.conf.task_default_queue, app.conf.task_always_eager = previous
         client.delete(queue, *(f"loopwatch:{queue}:detect:{key}" for key in ("pending", "queued", "sweep")))
 
@@ -98,7 +97,7 @@ def test_runs_of_a_failed_pass_go_back_and_a_task_is_queued(broker, tenant, monk
     def broken(**kwargs):
         raise RuntimeError("database went away")
 
-    monkeypatch.setattr("ingest.services.runs_process", broken)
+    monkeypatch.setattr("ingest.services.pipeline.runs_process", broken)
     with pytest.raises(RuntimeError):
         runs_pending_process()
     assert pending_count() == 4 and client.llen(queue) == 1
@@ -139,12 +138,12 @@ def test_with_redis_down_a_batch_is_stored_and_its_runs_are_added_when_redis_is_
     assert response.status_code == 200
     assert [v["status"] for v in response.json()["results"]] == ["accepted"] * 4
     assert len(_behind(tenant)) == 1  # stored, not processed: its enqueue failed after the commit
-    assert services._requeue.held() == 1  # kept by the process
+    assert pipeline._requeue.held() == 1  # kept by the process
 
     monkeypatch.undo()  # Redis is back: the process adds the run again, and queues a task
     pending.pending_clients_forget()
     deadline = time.monotonic() + 10
-    while services._requeue.held() or client_redis.llen(queue) == 0:
+    while pipeline._requeue.held() or client_redis.llen(queue) == 0:
         assert time.monotonic() < deadline, "the run was not added again"
         time.sleep(0.05)
     assert pending_count() == 1

@@ -17,10 +17,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from ingest import services
 from ingest.bulk import insert_statement, statements_run
 from ingest.models import Detection, ModelRound, Run, RunCursor, ToolCall
-from ingest.services import QUARANTINE_FIRST_S, runs_process
+from ingest.services import QUARANTINE_FIRST_S, ingestion, runs_process
 from ingest.tasks import detect_sweep
 from tests.ingest.events import model_round, run_started, tool_call, tool_result
 
@@ -34,7 +33,7 @@ def plant(tenant, events: list[dict]) -> list[int]:
         (i, event, datetime.fromisoformat(event["ts"]), orjson.dumps(event)) for i, event in enumerate(events)
     ]
     with transaction.atomic():
-        return services._store_atomic(tenant, valid, [None] * len(events), ledger_scope=True)
+        return ingestion._store_atomic(tenant, valid, [None] * len(events), ledger_scope=True)
 
 
 def normal_run(run_id: str) -> list[dict]:

@@ -1,0 +1,303 @@
+"""PostgreSQL's own statements for the services' fast paths (SQLite takes the ORM path beside each),
+and the row layouts they read and write."""
+
+from __future__ import annotations
+
+import functools
+import struct
+from datetime import UTC, datetime, timedelta
+
+import orjson
+from django.db import connection, models
+
+from ingest.detection.bounds import MAX_TOTAL_USD
+from ingest.models import (
+    Backend,
+    Detection,
+    Event,
+    ModelPrice,
+    PendingResult,
+    Run,
+    RunCursor,
+)
+from ingest.pricing import PriceBook
+
+RUN_FIGURES = [
+    "agent",
+    "task_type",
+    "backend",
+    "model",
+    "budgets",
+    "labels",
+    "status",
+    "terminated_by",
+    "budget_type",
+    "reason",
+    "started_at",
+    "finished_at",
+    "last_event_at",
+    "rounds",
+    "tool_calls",
+    "tool_errors",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "events_count",
+    "unverified_from_seq",
+]
+JSON_FIGURES = ("budgets", "labels")
+# What only run_started (agent ... labels) and run_finished (status ... finished_at) set. On PostgreSQL
+# the UPDATE leaves them as stored for a run without such an event in the batch (it sends none).
+DESCRIPTION_FIGURES = (
+    *("agent", "task_type", "backend", "model", "budgets", "labels"),
+    *("status", "terminated_by", "budget_type", "reason", "finished_at"),
+)
+# On PostgreSQL these are merged into the stored values by the UPDATE itself (the earliest start, the
+# latest event, the batch's last finish if any): the lock does not read them (Django's loader turns
+# each timestamp back into a datetime in Python: three quarters of the CPU of reading the runs).
+TIME_FIGURES = ("started_at", "finished_at", "last_event_at")
+# The first seq a key without the ledger scope stored: the UPDATE keeps the stored one when set
+# (the lock does not read it either; a batch sends its own first seq, or nothing).
+FIRST_FIGURES = ("unverified_from_seq",)
+
+
+class _RunRow:
+    """A locked run's pk, run_id and figures (RUN_FIGURES), as _run_apply updates them (PostgreSQL).
+
+    Read with one SELECT ... FOR UPDATE instead of model instances, which cost more CPU than the rest
+    of the run's share of a batch. budgets and labels stay the stored JSON text, as orjson fragments
+    (written back as they are), until an event replaces them. The TIME_FIGURES and FIRST_FIGURES
+    start as None: they hold the batch's own values, which the UPDATE merges with the stored ones.
+    """
+
+    __slots__ = ("pk", "run_id", *RUN_FIGURES)
+    # The columns the lock reads, in this order (the SELECT is built from it).
+    LOCKED = (
+        *("pk", "run_id", "agent", "task_type", "backend", "model", "budgets", "labels"),
+        *("status", "terminated_by", "budget_type", "reason", "rounds", "tool_calls", "tool_errors"),
+        *("input_tokens", "output_tokens", "cost_usd", "events_count"),
+    )
+
+    def __init__(self, values: tuple) -> None:
+        (
+            self.pk,
+            self.run_id,
+            self.agent,
+            self.task_type,
+            self.backend,
+            self.model,
+            budgets,
+            labels,
+            self.status,
+            self.terminated_by,
+            self.budget_type,
+            self.reason,
+            self.rounds,
+            self.tool_calls,
+            self.tool_errors,
+            self.input_tokens,
+            self.output_tokens,
+            self.cost_usd,
+            self.events_count,
+        ) = values
+        self.budgets = orjson.Fragment(budgets)
+        self.labels = orjson.Fragment(labels)
+        self.started_at = self.finished_at = self.last_event_at = None
+        self.unverified_from_seq = None
+
+
+assert set(_RunRow.LOCKED) | set(TIME_FIGURES) | set(FIRST_FIGURES) == set(_RunRow.__slots__)
+
+
+def _insert_missing_sql(model: type[models.Model], template: models.Model, key: str, values: list) -> tuple:
+    """INSERT ... ON CONFLICT DO NOTHING of one row per value of `key`, the other columns as in
+    template, as one statement over unnest() (PostgreSQL): (sql, params)."""
+    key_field = next(f for f in model._meta.concrete_fields if f.attname == key)
+    fields = [
+        f for f in model._meta.concrete_fields if f is not key_field and f is not model._meta.auto_field
+    ]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in [*fields, key_field])
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
+        f"SELECT {'%s, ' * len(fields)}k FROM unnest(%s::{key_field.db_type(connection)}[]) AS u(k) "
+        "ON CONFLICT DO NOTHING"
+    )
+    params = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
+    return sql, [*params, values]
+
+
+@functools.cache
+def _run_statements() -> tuple[str, str]:
+    """PostgreSQL: the SELECT ... FOR UPDATE of a batch's runs and the UPDATE of their figures."""
+    table = Run._meta.db_table
+    column = {name: Run._meta.get_field(name).column for name in ("run_id", "tenant", *RUN_FIGURES)}
+    column["pk"] = Run._meta.pk.column
+    locked = ", ".join(f'"{column[name]}"' for name in _RunRow.LOCKED)
+    lock = (
+        f'SELECT {locked} FROM "{table}" WHERE "{column["tenant"]}" = %s AND "{column["run_id"]}" = ANY(%s) '
+        f'ORDER BY "{column["pk"]}" FOR NO KEY UPDATE'
+    )
+    # One statement for all the runs, their rows given as one JSON array read as rows of the table.
+    merge = {"started_at": "LEAST(r.{0}, v.{0})", "last_event_at": "GREATEST(r.{0}, v.{0})"}
+    merge.update((name, "COALESCE(v.{0}, r.{0})") for name in DESCRIPTION_FIGURES)
+    merge.update((name, "COALESCE(r.{0}, v.{0})") for name in FIRST_FIGURES)
+    assignments = ", ".join(
+        f'"{column[name]}" = ' + merge.get(name, "v.{0}").format(f'"{column[name]}"') for name in RUN_FIGURES
+    )
+    update = (
+        f'UPDATE "{table}" AS r SET {assignments} FROM json_populate_recordset(NULL::"{table}", %s::json) AS v '
+        f'WHERE r."{column["pk"]}" = v."{column["pk"]}"'
+    )
+    return lock, update
+
+
+class _PriceBook(PriceBook):
+    """PriceBook's prices and markups in one query on PostgreSQL (two through the ORM)."""
+
+    SQL = (
+        f"SELECT b.name, b.markup, p.model, p.input_usd_per_mtok, p.output_usd_per_mtok "
+        f"FROM {Backend._meta.db_table} b LEFT JOIN {ModelPrice._meta.db_table} p "
+        "ON p.backend_id = b.id WHERE b.name = ANY(%s)"
+    )
+    # The same for the backends of these runs (a detection pass reads it beside its runs).
+    RUNS_SQL = SQL.replace("= ANY(%s)", f"IN (SELECT backend FROM {Run._meta.db_table} WHERE id = ANY(%s))")
+
+    def __init__(self, pairs: set[tuple[str, str]] | None = None, *, rows: list[tuple] | None = None) -> None:
+        self._markup = {}
+        self._prices = {}
+        if rows is None:
+            with connection.cursor() as cursor:
+                cursor.execute(self.SQL, [sorted({b for b, _ in pairs or ()})])
+                rows = cursor.fetchall()
+        for name, markup, model, input_price, output_price in rows:
+            self._markup[name] = float(markup)
+            if model is not None:
+                self._prices[(name, model)] = (input_price, output_price)
+
+
+RUN_FIELDS = (
+    *("tenant_id", "backend", "model", "task_type", "run_id", "agent", "first_loop_seq"),
+    "unverified_from_seq",
+)
+
+
+EVENT_COPY_SQL = "COPY ingest_event (tenant_id, run_id, seq, event_id, type, ts, body) FROM STDIN"
+EVENT_COPY_BINARY_SQL = EVENT_COPY_SQL + " (FORMAT BINARY)"
+
+# PostgreSQL's binary COPY format: a header, per row the field count then each field as its length
+# (-1 for NULL) and its bytes, a trailer. The field types must be the columns' own: int8 tenant_id and
+# run_id, int4 seq, text event_id and type, timestamptz ts (int8 microseconds since 2000-01-01 UTC),
+# jsonb body (a version byte, 1, then the JSON text).
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+_COPY_TRAILER = b"\xff\xff"
+_COPY_ROW_HEAD = struct.Struct(">hiqiq").pack  # 7 fields, tenant_id, run_id
+_COPY_SEQ_ID = struct.Struct(">iii").pack  # seq, then the event_id's length
+_COPY_TS_BODY = struct.Struct(">iqib").pack  # ts, then the body's length and jsonb version
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
+_COPY_TYPES: dict[str, bytes] = {}
+
+
+def _events_copy(tenant_pk: int, rows: list[tuple]) -> None:
+    """The rows in one binary COPY (ingestion._events_insert says why binary)."""
+    parts = [_COPY_HEADER]
+    append = parts.append
+    head_pk = head = None
+    types = _COPY_TYPES
+    for run_pk, seq, event_id, kind, ts, body in rows:
+        if run_pk != head_pk:
+            head_pk, head = run_pk, _COPY_ROW_HEAD(7, 8, tenant_pk, 8, run_pk)
+        append(head)
+        if event_id is None:
+            append(_COPY_SEQ_ID(4, seq, -1))
+        else:
+            raw_id = event_id.encode()
+            append(_COPY_SEQ_ID(4, seq, len(raw_id)))
+            append(raw_id)
+        kind_field = types.get(kind)
+        if kind_field is None:
+            raw_kind = kind.encode()
+            kind_field = types[kind] = len(raw_kind).to_bytes(4, "big") + raw_kind
+        append(kind_field)
+        append(_COPY_TS_BODY(8, (ts - _PG_EPOCH) // _ONE_US, len(body) + 1, 1))
+        append(body)
+    append(_COPY_TRAILER)
+    with connection.cursor() as cursor, cursor.copy(EVENT_COPY_BINARY_SQL) as copy:
+        copy.write(b"".join(parts))
+
+
+# The (run pk, event_id) pairs among these already stored. Two array parameters, not IN (...) with a
+# placeholder per id: psycopg's client-side binding parsed a thousand placeholders for longer than the
+# database took to answer.
+_EVENTS_STORED_SQL = "SELECT run_id, event_id FROM ingest_event WHERE run_id = ANY(%s) AND event_id = ANY(%s)"
+_RUNS_DROP_EMPTY_SQL = f"DELETE FROM {Run._meta.db_table} WHERE id = ANY(%s) AND events_count = 0"
+# A pass waits for a lock at most this long (set_config(..., true): for its transaction only).
+_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', %s, true)"
+
+
+# PostgreSQL: the cursors locked in pk order (the engine state, the biggest value a pass reads, is
+# decoded by orjson, several times faster than the JSONField's json.loads: jsonb arrives as text),
+# then each run's next events after its cursor, `limit` at most, by the (run, seq) index (the
+# subquery takes the rows the first statement locked), then the runs.
+# Runs quarantined and not yet due are left out (failures > 0 and retry_at after now).
+_CURSORS_LOCK_SQL = (
+    f"SELECT run_id, position, processed, engine_state FROM {RunCursor._meta.db_table} "
+    "WHERE run_id = ANY(%s) AND (failures = 0 OR retry_at <= %s) ORDER BY run_id FOR UPDATE{skip}"
+)
+_EVENTS_AFTER_SQL = f"""
+SELECT c.run_id, e.seq, e.type, e.ts, e.body
+FROM (
+    SELECT run_id, position FROM {RunCursor._meta.db_table}
+    WHERE run_id = ANY(%s) AND (failures = 0 OR retry_at <= %s) ORDER BY run_id FOR UPDATE{{skip}}
+) AS c
+CROSS JOIN LATERAL (
+    SELECT seq, type, ts, body FROM {Event._meta.db_table}
+    WHERE run_id = c.run_id AND seq > c.position ORDER BY seq LIMIT %s
+) AS e
+ORDER BY c.run_id, e.seq
+"""
+# Columns in the model's field order, as Run.from_db() takes them.
+_RUN_COLUMNS = [f.attname for f in Run._meta.concrete_fields if f.attname in ("id", *RUN_FIELDS)]
+_RUNS_SQL = f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE id = ANY(%s)"
+
+
+# PostgreSQL: the pass's cursors and run figures in one statement. The runs are locked in pk order
+# first, as ingest locks them (FOR NO KEY UPDATE: the pass's inserts hold KEY SHARE on them, which
+# that lock does not wait for), so a pass and a batch cannot deadlock. A figure absent from a run's
+# row keeps its stored value; first_loop_at and terminated_by are only set once.
+_PROGRESS_SQL = f"""
+WITH positions AS (
+    UPDATE {RunCursor._meta.db_table} AS c
+    SET position = v.position, processed = v.processed, engine_state = v.engine_state, updated_at = %s,
+        failures = 0, error = '', failed_at = NULL, retry_at = NULL
+    FROM jsonb_to_recordset(%s::jsonb)
+        AS v(run_id bigint, position integer, processed integer, engine_state jsonb)
+    WHERE c.run_id = v.run_id
+), locked AS (
+    SELECT id FROM {Run._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE {Run._meta.db_table} AS r SET
+    last_progress_step = v.last_progress_step,
+    detections_count = CASE WHEN v.counted
+        THEN (SELECT count(*) FROM {Detection._meta.db_table} AS d WHERE d.run_id = r.id)
+        ELSE r.detections_count END,
+    max_action = COALESCE(v.max_action, r.max_action),
+    loop_flagged = r.loop_flagged OR COALESCE(v.loop_flagged, false),
+    first_loop_at = COALESCE(r.first_loop_at, v.first_loop_at),
+    first_loop_seq = COALESCE(v.first_loop_seq, r.first_loop_seq),
+    cost_after_loop_usd = LEAST(r.cost_after_loop_usd + COALESCE(v.cost_after_loop_usd, 0), {MAX_TOTAL_USD}),
+    terminated_by = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
+        THEN v.terminated_by ELSE r.terminated_by END,
+    budget_type = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
+        THEN v.budget_type ELSE r.budget_type END
+FROM jsonb_to_recordset(%s::jsonb) AS v(
+    id bigint, last_progress_step integer, counted boolean, max_action text, loop_flagged boolean,
+    first_loop_at timestamptz, first_loop_seq integer, cost_after_loop_usd double precision,
+    terminated_by text, budget_type text
+)
+WHERE r.id = v.id AND r.id IN (SELECT id FROM locked)
+"""
+
+
+_PENDING_DELETE_SQL = f"DELETE FROM {PendingResult._meta.db_table} WHERE id = ANY(%s)"
