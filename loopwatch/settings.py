@@ -43,10 +43,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN)
     "channels",
     "axes",
     "ingest",
     "dashboards",
+    "demo",  # demo traffic and the demo user (manage.py simulate, demo_setup)
 ]
 
 MIDDLEWARE = [
@@ -155,7 +157,9 @@ if REDIS_URL:
         }
     }
 else:
-    CELERY_BROKER_URL = "memory://"
+    # Eager Celery still opens a producer (on this in-memory transport) for each task it runs; a URL
+    # without a host made kombu warn once per process that it assumed "localhost".
+    CELERY_BROKER_URL = "memory://localhost/"
     # Eager: tasks run in the web process right after the commit that queued them.
     CELERY_TASK_ALWAYS_EAGER = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
@@ -349,6 +353,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Trace ingestion (trace events v1) and run queries for loopwatch.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/v1/docs: Swagger UI from drf-spectacular-sidecar's static files, its init script a file
+    # of its own (script-src 'self'), and no validator (it would send the schema to another site).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "/favicon.ico",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "persistAuthorization": False, "validatorUrl": None},
     "COMPONENT_SPLIT_REQUEST": True,
     # JSON Schema's if/then (the trace event schema) needs OpenAPI 3.1.
     "OAS_VERSION": "3.1.0",
