@@ -38,20 +38,44 @@ def install() -> None:
     if not PY.exists():
         print(f"creating {VENV}", flush=True)
         venv.create(VENV, with_pip=True)
-    sh(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    sh(PY, "-m", "pip", "install", "--quiet", "-e", ".[dev]")
+    # -qq: errors only. At -q, every editable install prints setuptools' notice about folders named
+    # like packages (nothing to act on); a failure still prints and stops here.
+    sh(PY, "-m", "pip", "install", "-qq", "--upgrade", "pip")
+    sh(PY, "-m", "pip", "install", "-qq", "-e", ".[dev]")
     STAMP.write_text(wanted)
 
 
 def up(argv: list[str]) -> int:
+    """The server, the demo traffic and — without Redis, so without Celery beat — the beat's jobs.
+
+    1. Migrate; demo_setup makes the demo user, tenant, API key and the tenant's reconciler, which
+       asks the demo payment service that `simulate` serves on PORT+1 (an address on 127.0.0.1,
+       so LOOPWATCH_RECONCILER_ALLOWED_HOSTS names it unless set).
+    2. uvicorn serves the app; `simulate` sends the demo traffic to it (REST, OTLP, the guard);
+       `demo_beat` runs CELERY_BEAT_SCHEDULE's jobs (reconciliation, the rollup, ...) in the
+       embedded mode, where no beat process runs.
+    3. Ctrl-C stops all three; the server keeps running when the traffic ends by itself.
+    """
+    # Ctrl-C and `kill` end the children too. Explicit handlers, because a shell that starts dev.py
+    # in the background without job control makes it ignore SIGINT, and children inherit that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     install()
     port = os.environ.get("PORT", "8000")
+    downstream_port = os.environ.get("DEMO_DOWNSTREAM_PORT", str(int(port) + 1))
     # A development server on 127.0.0.1: Django's debug pages, cookies over plain HTTP and an open
     # /metrics (loopwatch's default is DEBUG off; see docs/security.md). DEBUG=false here still wins.
-    env = {**os.environ, "DEBUG": os.environ.get("DEBUG", "true")}
+    env = {
+        **os.environ,
+        "DEBUG": os.environ.get("DEBUG", "true"),
+        "LOOPWATCH_RECONCILER_ALLOWED_HOSTS": os.environ.get(
+            "LOOPWATCH_RECONCILER_ALLOWED_HOSTS", "127.0.0.1"
+        ),
+    }
     manage = [PY, "manage.py"]
     sh(*manage, "migrate", "--no-input", "-v", "0", env=env)
-    sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE, env=env)
+    downstream = f"http://127.0.0.1:{downstream_port}"
+    sh(*manage, "demo_setup", "--key-file", DEMO_KEY_FILE, "--downstream-url", downstream, env=env)
     key = DEMO_KEY_FILE.read_text().strip()
     server = subprocess.Popen(
         [
@@ -62,6 +86,8 @@ def up(argv: list[str]) -> int:
             "--port",
             port,
             "--no-access-log",
+            "--lifespan",
+            "off",  # Django's ASGI app has no lifespan events: uvicorn would say so at every start
         ],
         cwd=ROOT,
         env=env,
@@ -69,10 +95,24 @@ def up(argv: list[str]) -> int:
     time.sleep(1.5)
     print(f"\nloopwatch is serving at http://127.0.0.1:{port}/  (login: demo / demo)\n", flush=True)
     simulate = subprocess.Popen(
-        [str(PY), "manage.py", "simulate", "--url", f"http://127.0.0.1:{port}", "--key", key, *argv],
+        [
+            str(PY),
+            "manage.py",
+            "simulate",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--key",
+            key,
+            "--downstream-port",
+            downstream_port,
+            *argv,
+        ],
         cwd=ROOT,
         env=env,
     )
+    helpers = [simulate]
+    if not env.get("REDIS_URL"):  # eager Celery: no beat; with Redis, run `celery beat` as in production
+        helpers.append(subprocess.Popen([str(PY), "manage.py", "demo_beat"], cwd=ROOT, env=env))
     try:
         while server.poll() is None and simulate.poll() is None:
             time.sleep(0.5)
@@ -82,14 +122,16 @@ def up(argv: list[str]) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        for proc in (simulate, server):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in (simulate, server):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        # The traffic and beat first (simulate prints its summary), then the server they talk to.
+        for group in (helpers, [server]):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+            for proc in group:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
     return server.returncode or 0
 
 

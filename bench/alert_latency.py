@@ -60,7 +60,7 @@ from bench.ingest import client_stream  # noqa: E402 - the ingest bench's trace 
 def sim_stream(seed: int, n_events: int, pool: int, prefix: str) -> list[dict]:
     """`manage.py simulate`'s traffic (the scenario mix: ordinary runs, loops, legitimate repeats,
     budgets, writes that time out), `pool` runs interleaved, a finished run replaced by a new one."""
-    from ingest.simulation import run_generate
+    from demo.simulation import run_generate
 
     rng = random.Random(seed)
     start = datetime.now(UTC)

@@ -650,6 +650,10 @@ class OperationTransition(models.Model):
     actor = models.CharField(max_length=16, choices=Actor.choices)
     actor_id = models.CharField(max_length=200, blank=True, default="")
     note = models.TextField(blank=True, default="")
+    # What an operator gave as proof of a decision (the downstream's id of the effect, a ticket): kept
+    # beside the operation's own external_request_id, which a decision never overwrites. A database
+    # default too: the ledger inserts transitions with SQL of its own (ingest/ledger.py).
+    operator_reference = models.CharField(max_length=500, blank=True, default="", db_default="")
     evidence = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(auto_now_add=True)
 

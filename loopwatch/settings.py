@@ -43,10 +43,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN)
     "channels",
     "axes",
     "ingest",
     "dashboards",
+    "demo",  # demo traffic and the demo user (manage.py simulate, demo_setup)
 ]
 
 MIDDLEWARE = [
@@ -66,6 +68,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
     "ingest.api.errors.DatabaseUnavailableMiddleware",
+    # A view's 404 is the app's page with the navigation, DEBUG or not (no debug page for a bad slug).
+    "ingest.api.errors.NotFoundPageMiddleware",
     # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -153,7 +157,9 @@ if REDIS_URL:
         }
     }
 else:
-    CELERY_BROKER_URL = "memory://"
+    # Eager Celery still opens a producer (on this in-memory transport) for each task it runs; a URL
+    # without a host made kombu warn once per process that it assumed "localhost".
+    CELERY_BROKER_URL = "memory://localhost/"
     # Eager: tasks run in the web process right after the commit that queued them.
     CELERY_TASK_ALWAYS_EAGER = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
@@ -217,6 +223,10 @@ LOOPWATCH_BODY_TIMEOUT_S = env_int("LOOPWATCH_BODY_TIMEOUT_S", 60, minimum=1)
 # Time budgets (docs/limits.md): a guard check's catching up with the run, a threshold preview's replay.
 LOOPWATCH_GUARD_BUDGET_MS = env_int("LOOPWATCH_GUARD_BUDGET_MS", 2000, minimum=1)
 LOOPWATCH_PREVIEW_BUDGET_MS = env_int("LOOPWATCH_PREVIEW_BUDGET_MS", 10_000, minimum=1)
+# Overview renders one web process makes at once; more wait up to 10 s, then get a 503 with
+# Retry-After. The page reads stored figures, bounded whatever a tenant sends, but a few heavy ranges
+# at once must not starve the process's other requests (its health check among them).
+LOOPWATCH_OVERVIEW_RENDERS = env_int("LOOPWATCH_OVERVIEW_RENDERS", 2, minimum=1)
 # Django's own guard sits just above ours so that ours answers first, with a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LOOPWATCH_MAX_BODY_BYTES + 1
 
@@ -343,6 +353,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Trace ingestion (trace events v1) and run queries for loopwatch.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/v1/docs: Swagger UI from drf-spectacular-sidecar's static files, its init script a file
+    # of its own (script-src 'self'), and no validator (it would send the schema to another site).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "/favicon.ico",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "persistAuthorization": False, "validatorUrl": None},
     "COMPONENT_SPLIT_REQUEST": True,
     # JSON Schema's if/then (the trace event schema) needs OpenAPI 3.1.
     "OAS_VERSION": "3.1.0",

@@ -18,6 +18,7 @@ SHIPPED = (
     "docs",
     "ingest",
     "dashboards",
+    "demo",
     "loopwatch",
     "loopwatch_client",
     "templates",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from django.db.models import Q, QuerySet
 
-from dashboards.models import OPERATOR_ROLES, Membership
+from dashboards.selectors import operator_tenant_ids, visible_to
+from dashboards.selectors import user_tenant_ids as _user_tenant_ids
 from ingest.detection import KINDS
 from ingest.incidents import IncidentPayload, incident_deliveries, incident_payload, reached_summary
 from ingest.models import Detection, GuardDelivery, Incident, Run
@@ -27,14 +28,31 @@ class AlertFilterError(ValueError):
         self.reason = reason
 
 
+def _parse_time(params: Any, name: str) -> datetime | None:
+    raw = (params.get(name) or "").strip()
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise AlertFilterError(name, f"{raw[:40]!r} is not a time like 2026-11-29T08:00:00Z") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC)
+
+
 @dataclass(frozen=True)
 class AlertFilters:
-    """What the page shows: interventions unless `observe`, optionally one kind, backend, action."""
+    """What the page shows: interventions unless `observe`, optionally one kind, backend, model,
+    action, and a time window [since, until) of the events that fired them (a bar of the overview)."""
 
     kind: str = ""
     backend: str = ""
     action: str = ""
     observe: bool = False
+    model: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
 
     @classmethod
     def parse(cls, params: Any) -> AlertFilters:
@@ -50,12 +68,24 @@ class AlertFilters:
             raise AlertFilterError(
                 "action", f"unknown action {action[:40]!r} (one of {', '.join(Detection.Action.values)})"
             )
+        model = (params.get("model") or "").strip()
+        if len(model) > 200:
+            raise AlertFilterError("model", "at most 200 characters")
+        since, until = _parse_time(params, "from"), _parse_time(params, "to")
+        if since and until and until <= since:
+            raise AlertFilterError("to", "must be after from")
         observe_raw = (params.get("observe") or "").strip().lower()
         if observe_raw not in ("", "0", "1", "on", "true", "false", "off"):
             raise AlertFilterError("observe", "must be 1 or 0")
         # Asking for the observe action is asking to see observations.
         observe = observe_raw in ("1", "on", "true") or action == Detection.Action.OBSERVE
-        return cls(kind=kind, backend=backend, action=action, observe=observe)
+        return cls(
+            kind=kind, backend=backend, action=action, observe=observe, model=model, since=since, until=until
+        )
+
+    @property
+    def narrowed(self) -> bool:
+        return bool(self.kind or self.backend or self.model or self.action or self.since or self.until)
 
     def q(self) -> Q:
         q = Q()
@@ -68,23 +98,48 @@ class AlertFilters:
             q &= Q(backend=self.backend)
         if self.action:
             q &= Q(action=self.action)
+        if self.model:
+            q &= Q(model=self.model)
+        if self.since:
+            q &= Q(ts__gte=self.since)
+        if self.until:
+            q &= Q(ts__lt=self.until)
         return q
 
     def matches(self, alert: dict[str, Any]) -> bool:
         """The same test as q(), on a published alert payload."""
         if not self.observe and alert.get("action") == Detection.Action.OBSERVE and not alert.get("shadow"):
             return False
+        if self.since or self.until:
+            try:
+                ts = datetime.fromisoformat(str(alert.get("ts", "")).replace("Z", "+00:00"))
+            except ValueError:
+                return False
+            if (self.since and ts < self.since) or (self.until and ts >= self.until):
+                return False
         return (
             (not self.kind or alert.get("kind") == self.kind)
             and (not self.backend or alert.get("backend") == self.backend)
+            and (not self.model or alert.get("model") == self.model)
             and (not self.action or alert.get("action") == self.action)
         )
 
     def as_query(self) -> dict[str, str]:
-        query = {"kind": self.kind, "backend": self.backend, "action": self.action}
+        query = {
+            "kind": self.kind,
+            "backend": self.backend,
+            "model": self.model,
+            "action": self.action,
+            "from": _iso(self.since),
+            "to": _iso(self.until),
+        }
         if self.observe:
             query["observe"] = "1"
         return {k: v for k, v in query.items() if v}
+
+
+def _iso(when: datetime | None) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ") if when else ""
 
 
 class Alert(TypedDict, total=False):
@@ -111,18 +166,12 @@ class Alert(TypedDict, total=False):
 
 
 def user_tenant_ids(*, user) -> list[int]:
-    if not user.is_authenticated:
-        return []
-    return list(Membership.objects.filter(user=user).values_list("tenant_id", flat=True))
+    return _user_tenant_ids(user=user)
 
 
 def feedback_tenant_ids(*, user) -> list[int]:
-    """Tenants in which the user may mark alerts (operator or admin)."""
-    if not user.is_authenticated:
-        return []
-    return list(
-        Membership.objects.filter(user=user, role__in=OPERATOR_ROLES).values_list("tenant_id", flat=True)
-    )
+    """Tenants in which the user may mark alerts (operator or admin; a superuser in every one)."""
+    return operator_tenant_ids(user=user)
 
 
 def _detections(*, tenant_ids: list[int], filters: AlertFilters) -> QuerySet[Detection]:
@@ -191,7 +240,7 @@ def latest_alert_id(*, tenant_ids: list[int]) -> int:
 
 
 def detection_for_user(*, user, pk: int) -> Detection | None:
-    return Detection.objects.filter(pk=pk, tenant__memberships__user=user).select_related("run").first()
+    return Detection.objects.filter(visible_to(user), pk=pk).select_related("run").first()
 
 
 def backends_seen(*, tenant_ids: list[int]) -> list[str]:
@@ -217,43 +266,75 @@ RANGES = {
 
 @dataclass(frozen=True)
 class IncidentFilters:
-    """What the incidents list shows: optionally one kind, backend, current action, status, and the
-    incidents seen within a time range (by last seen)."""
+    """What the incidents list shows: optionally one kind, backend, model, current action, status,
+    the incidents seen within a time range (by last seen), and those seen in a window [since, until)
+    (a bar of the overview: an incident whose first and last sightings enclose part of it)."""
 
     kind: str = ""
     backend: str = ""
     action: str = ""
     status: str = ""
     range: str = ""
+    model: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
 
     @classmethod
     def parse(cls, params: Any) -> IncidentFilters:
-        base = AlertFilters.parse({k: params.get(k) for k in ("kind", "backend", "action")})
+        base = AlertFilters.parse(
+            {k: params.get(k) for k in ("kind", "backend", "action", "model", "from", "to")}
+        )
         status = (params.get("status") or "").strip()
         if status and status not in Incident.Status.values:
             raise AlertFilterError("status", f"must be one of {', '.join(Incident.Status.values)}")
         range_ = (params.get("range") or "").strip()
         if range_ and range_ not in RANGES:
             raise AlertFilterError("range", f"must be one of {', '.join(RANGES)} (or left out: any time)")
-        return cls(kind=base.kind, backend=base.backend, action=base.action, status=status, range=range_)
+        return cls(
+            kind=base.kind,
+            backend=base.backend,
+            action=base.action,
+            status=status,
+            range=range_,
+            model=base.model,
+            since=base.since,
+            until=base.until,
+        )
+
+    @property
+    def narrowed(self) -> bool:
+        return bool(
+            self.kind or self.backend or self.model or self.action or self.status or self.range
+        ) or bool(self.since or self.until)
 
     def q(self, *, now: datetime) -> Q:
         q = Q()
-        for name in ("kind", "backend", "action", "status"):
+        for name in ("kind", "backend", "model", "action", "status"):
             if getattr(self, name):
                 q &= Q(**{name: getattr(self, name)})
         if self.range:
             q &= Q(last_seen__gte=now - RANGES[self.range])
+        if self.since:
+            q &= Q(last_seen__gte=self.since)
+        if self.until:
+            q &= Q(first_seen__lt=self.until)
         return q
 
     def socket_query(self) -> dict[str, str]:
         """What the live socket filters alerts on (the status and range are the page's)."""
-        return {
-            k: v for k, v in {"kind": self.kind, "backend": self.backend, "action": self.action}.items() if v
+        query = {
+            "kind": self.kind,
+            "backend": self.backend,
+            "model": self.model,
+            "action": self.action,
+            "from": _iso(self.since),
+            "to": _iso(self.until),
         }
+        return {k: v for k, v in query.items() if v}
 
     def as_query(self) -> dict[str, str]:
-        return {k: v for k, v in vars(self).items() if v}
+        query = {**self.socket_query(), "status": self.status, "range": self.range}
+        return {k: v for k, v in query.items() if v}
 
 
 def _reached(incidents: list[Incident]) -> dict[int, str]:

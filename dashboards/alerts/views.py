@@ -112,6 +112,7 @@ def index(request: HttpRequest) -> HttpResponse:
             "incidents": rows,
             "blank_incident": {"id": 0, "can_mark": True, "steps": []},
             "filters": filters,
+            "filter_query": filters.as_query(),
             "kinds": ALERT_KINDS,
             "actions": Detection.Action.values,
             "statuses": Incident.Status.choices,

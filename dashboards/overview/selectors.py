@@ -24,8 +24,9 @@ from django.db import connection, transaction
 from django.db.models import BigIntegerField, Count, F, Func, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from dashboards.models import DetectionRollup, RollupHour, RunRollup
+from dashboards.models import ConfigChange, DetectionRollup, RollupHour, RunRollup
 from dashboards.overview.filters import FilterOptions, OverviewFilters
+from dashboards.queue.selectors import has_reconciler, needs_person_q
 from ingest.models import Detection, Operation, Run
 
 FINISHED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.TRUNCATED, Run.Status.ABANDONED)
@@ -74,6 +75,7 @@ def run_group_figures(
 
 REPEAT_KINDS = ("exact_repeat", "interval_loop", "oscillation", "perturbation")  # the same call again
 TAIL_RUNS_LIMIT = 50
+CHANGES_MARKED = 20  # threshold changes marked on the time axes; the newest when there are more
 # Ages of UNKNOWN operations, as the queue works them: reconciliation retries for up to an hour.
 UNKNOWN_AGES = (
     ("< 5 min", timedelta(minutes=5)),
@@ -490,7 +492,7 @@ def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -
     aggregates: dict[str, Any] = {
         "open": Count("pk"),
         "first": Min("unknown_since"),
-        "people": Count("pk", filter=Q(needs_person=True)),
+        "people": Count("pk", filter=needs_person_q()),  # the write queue's rule
     }
     lower = None
     for index, (_, upper) in enumerate(UNKNOWN_AGES):
@@ -506,6 +508,7 @@ def unknown_operations(*, f: OverviewFilters, now: datetime, oldest: int = 10) -
     listed = list(
         ops.filter(unknown_since__isnull=False)
         .select_related("tenant", "run")
+        .annotate(reconciler_exists=has_reconciler())
         .only("operation_key", "tool", "unknown_since", "needs_person", "tenant__slug", "run__run_id")
         .order_by("unknown_since", "pk")[:oldest]
     )
@@ -555,3 +558,22 @@ def runs_exist(*, tenant_ids: list[int] | tuple[int, ...]) -> bool:
 def last_run_started(*, f: OverviewFilters) -> datetime | None:
     """When the latest run of the user's tenants started: said when the range holds nothing."""
     return Run.objects.filter(tenant_id__in=f.tenant_ids).aggregate(at=Max("started_at"))["at"]
+
+
+def settings_changes(*, f: OverviewFilters, limit: int = CHANGES_MARKED) -> list[dict[str, Any]]:
+    """Changes of detection settings (thresholds, tool descriptions) of the tenants in the range, oldest
+    first, as {at, text}: the time charts mark them (the figures after one were made with others)."""
+    changes = (
+        ConfigChange.objects.filter(tenant_id__in=f.tenant_ids, at__gte=f.start, at__lt=f.end)
+        .select_related("tenant", "user")
+        .order_by("-at", "-pk")[:limit]
+    )
+    return [
+        {
+            "at": change.at,
+            "text": f"{change.at:%Y-%m-%d %H:%M} UTC: {change.tenant.slug} {change.action} {change.target}"
+            f" by {change.user.get_username() if change.user else 'a deleted user'}"
+            + (f": {change.note[:120]}" if change.note else ""),
+        }
+        for change in reversed(list(changes))
+    ]

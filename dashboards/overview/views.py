@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -32,6 +34,7 @@ from dashboards.overview.selectors import (
     latest_runs,
     page_reads,
     run_figures,
+    settings_changes,
     tail_histograms,
     tail_runs,
     unknown_operations,
@@ -39,6 +42,13 @@ from dashboards.overview.selectors import (
 from dashboards.selectors import user_tenants
 
 CACHED_CHOICES = {"backend", "model", "task_type", "agent", "bin_task"}
+REFRESH_S = 45  # the page redraws itself (static/js/overview.js): a minute-old overview is still news
+OPTIONS_MAX = 200  # values of a filter offered as a menu; past that the filter is typed
+# At most LOOPWATCH_OVERVIEW_RENDERS renders at once in a process (issue 11: eight heavy loads starved
+# uvicorn's health ping); the next waits RENDER_WAIT_S, then is told to come back.
+RENDERS = threading.BoundedSemaphore(settings.LOOPWATCH_OVERVIEW_RENDERS)
+RENDER_WAIT_S = 10.0
+RETRY_AFTER_S = 5
 
 
 def _parse(request: HttpRequest, now: datetime) -> tuple[OverviewFilters, FilterOptions, dict[str, int]]:
@@ -62,6 +72,17 @@ def _bad_request(request: HttpRequest, exc: BadParameter, *, fragment: bool = Fa
     return render(request, "dashboards/overview/error.html", context, status=400)
 
 
+def _busy(request: HttpRequest) -> HttpResponse:
+    detail = (
+        f"The overview is being drawn for {settings.LOOPWATCH_OVERVIEW_RENDERS} other requests of this "
+        f"server process; it reloads in {RETRY_AFTER_S} s."
+    )
+    response = render(request, "error.html", {"title": "Busy", "detail": detail}, status=503)
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    response["Refresh"] = str(RETRY_AFTER_S)
+    return response
+
+
 @login_required
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
@@ -80,12 +101,21 @@ def overview(request: HttpRequest) -> HttpResponse:
         "plotly_src": reverse("plotlyjs", args=[plotlyjs_version()]),
         "tail_url": reverse("overview-tail"),
         "figures": {},
+        "refresh_s": REFRESH_S,
+        "options_max": OPTIONS_MAX,
+        "max_facets": charts.MAX_FACETS,
+        "now": now,
     }
     if not options.task_types:  # no run at all in the user's tenants; writes claimed through the API may be
         context["unknown"] = unknown_operations(f=f, now=now) if tenants else None
         return render(request, "dashboards/overview/index.html", context)
-    with page_reads():
-        _figures(f, context, now)
+    if not RENDERS.acquire(timeout=RENDER_WAIT_S):
+        return _busy(request)
+    try:
+        with page_reads():
+            _figures(f, context, now)
+    finally:
+        RENDERS.release()
     context["figure_scripts"] = [(f"fig-{name}", figure) for name, figure in context["figures"].items()]
     return render(request, "dashboards/overview/index.html", context)
 
@@ -96,14 +126,16 @@ def _figures(f: OverviewFilters, context: dict, now: datetime) -> None:
     cover = coverage(f=f)
     runs = run_figures(f=f, cover=cover)
     totals = runs["totals"]
-    context.update(totals=totals, by_backend=runs["by_backend"])
+    by_backend = charts.backends_bounded(runs["by_backend"])
+    changes = settings_changes(f=f)
+    context.update(totals=totals, by_backend=by_backend, changes=changes)
     if not totals["runs"]:
         context["last_started"] = last_run_started(f=f)
     else:
-        figures["cost_success"], figures["cost_burned"] = charts.cost_charts(runs["by_backend"])
-        figures["budget_type"], figures["budget_task"] = charts.budget_share_charts(
-            runs["budget_rows"], time_axis
-        )
+        figures["cost_success"], figures["cost_burned"] = charts.cost_charts(by_backend)
+        budget_type, budget_task = charts.budget_share_charts(runs["budget_rows"], time_axis)
+        figures["budget_type"] = charts.with_change_marks(budget_type, changes)
+        figures["budget_task"] = charts.with_change_marks(budget_task, changes)
         histograms = tail_histograms(f=f)
         context["tail_table"] = charts.tail_table(histograms)
         if histograms[f.metric]:
@@ -120,10 +152,14 @@ def _figures(f: OverviewFilters, context: dict, now: datetime) -> None:
     context["detections"] = sum(r["n"] for r in found)
     context["interventions"] = sum(r["n"] for r in found if r["action"] != "observe")
     if context["interventions"]:
-        figures["loops"] = charts.loop_events_chart(detections["series"], time_axis)
+        figures["loops"] = charts.with_change_marks(
+            charts.loop_events_chart(detections["series"], time_axis, f.step), changes
+        )
     context["action_table"] = charts.action_table(found)
     if any(r["kind"] in REPEAT_KINDS for r in found):
-        figures["repeats"] = charts.repeat_triggers_chart(found, runs["by_backend"], REPEAT_KINDS)
+        figures["repeats"] = charts.repeat_triggers_chart(
+            found, by_backend, REPEAT_KINDS, window=(f.start, f.end)
+        )
     figures["false_alarms"], context["feedback_table"], context["feedback"] = charts.false_alarm_figures(
         found
     )

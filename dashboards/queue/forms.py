@@ -22,10 +22,21 @@ class DecisionForm(forms.Form):
     # The status the operator was shown: a form older than the operation's state is refused.
     shown_status = forms.ChoiceField(choices=Operation.Status.choices, widget=forms.HiddenInput)
 
+    def __init__(self, *args, reconciler: bool = True, tool: str = "", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reconciler = reconciler
+        self.tool = tool
+
     def clean(self):
         super().clean()
         data = self.cleaned_data
         action = data.get("action")
+        if action == "reconcile" and not self.reconciler:
+            self.add_error(
+                "action",
+                f"action: no reconciler is configured for {self.tool}, so there is nothing to ask: "
+                "a person decides.",
+            )
         if not (data.get("note") or "").strip():
             why = {
                 "compensate": "say what was done to undo the effect",

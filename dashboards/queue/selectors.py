@@ -5,15 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, TypedDict, cast
 
-from django.db.models import Q, QuerySet
+from django.conf import settings
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from dashboards.models import Membership
+from dashboards.selectors import tenant_role, visible_to
+from dashboards.selectors import user_tenants_with_roles as _tenants_with_roles
 from ingest.ledger import reconciler_for
 from ingest.models import Operation, Reconciler, Run, Tenant
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 S = Operation.Status
 QUEUE_LIMIT = 500  # rows on one page: past this the filters narrow it, the total is still shown
@@ -21,9 +27,51 @@ QUEUE_LIMIT = 500  # rows on one page: past this the filters narrow it, the tota
 
 def membership_role(*, user, tenant_id: int) -> str:
     """The user's role in the tenant, "" when not a member."""
-    return (
-        Membership.objects.filter(user=user, tenant_id=tenant_id).values_list("role", flat=True).first() or ""
-    )
+    return tenant_role(user=user, tenant_id=tenant_id)
+
+
+def has_reconciler() -> Exists:
+    """Whether the operation's tenant has a reconciler for its tool (reconciler_for's rule)."""
+    return Exists(Reconciler.objects.filter(tenant_id=OuterRef("tenant_id"), tool=OuterRef("tool")))
+
+
+def needs_person_q() -> Q:
+    """Open operations that wait for a person: reconciliation gave up on them (needs_person), or
+    nothing will ever ask the downstream about them (no reconciler for the tool). The queue's count,
+    its filter, its badges, the detail page and the overview all use this rule."""
+    return cast(Q, Q(needs_person=True) | ~has_reconciler())  # Q | Exists is a Q (the stubs say Combinable)
+
+
+def reconciliation_scheduled() -> bool:
+    """Whether something asks downstreams on a schedule: Celery beat outside the embedded mode (eager
+    Celery, no beat); the pages say so instead of showing a due time that never comes."""
+    return not settings.CELERY_TASK_ALWAYS_EAGER
+
+
+def reconcile_schedule(op: Operation, now: datetime, *, reconciler: bool) -> dict[str, str]:
+    """What the page says about the next reconciliation of an open operation: {text, why}. Never a
+    time in the past without the reason."""
+    if op.needs_person or not reconciler:
+        return {"text": "", "why": "a person decides"}
+    if op.status == S.RUNNING:
+        if reconciliation_scheduled():
+            return {"text": "when the beat records the expired lease as UNKNOWN", "why": ""}
+        return {"text": "", "why": "no scheduled reconciliation in the embedded mode (no Celery beat)"}
+    at = op.next_reconcile_at
+    if at is None:
+        return {"text": "", "why": "not scheduled"}
+    if at > now:
+        return {"text": f"{at:%Y-%m-%d %H:%M:%S} UTC", "why": ""}
+    if not reconciliation_scheduled():
+        return {
+            "text": "",
+            "why": f"due since {at:%H:%M:%S} UTC, but nothing reconciles on a schedule in the embedded "
+            "mode (no Celery beat): retry it now or decide",
+        }
+    return {
+        "text": "",
+        "why": f"due since {at:%H:%M:%S} UTC: waiting for the next pass of Celery beat (is beat running?)",
+    }
 
 
 def _open(now: datetime) -> Q:
@@ -39,12 +87,19 @@ class QueueFilters:
     q: str = ""  # part of the operation key, the external request id or the run id
 
 
-def queue_operations(*, user, filters: QueueFilters, now: datetime | None = None) -> QuerySet[Operation]:
+class QueueAnnotations(TypedDict):
+    reconciler_exists: bool  # has_reconciler()
+
+
+def queue_operations(
+    *, user, filters: QueueFilters, now: datetime | None = None
+) -> QuerySet[WithAnnotations[Operation, QueueAnnotations]]:
     """Open operations (UNKNOWN, or RUNNING past its lease) of the user's tenants, oldest first."""
     now = now or timezone.now()
-    qs = Operation.objects.filter(_open(now), tenant__memberships__user=user)
+    qs = Operation.objects.filter(_open(now), visible_to(user))
+    qs = qs.annotate(reconciler_exists=has_reconciler())
     if filters.needs_person:
-        qs = qs.filter(needs_person=True)
+        qs = qs.filter(needs_person_q())
     if filters.tool:
         qs = qs.filter(tool=filters.tool)
     if filters.tenant:
@@ -68,7 +123,7 @@ def queue_waiting_runs(*, user, filters: QueueFilters) -> QuerySet[Run]:
 
     The tenant and the search (by run id) filter them; tool and *needs a person* are the writes'.
     """
-    qs = Run.objects.filter(status=Run.Status.WAITING, tenant__memberships__user=user)
+    qs = Run.objects.filter(visible_to(user), status=Run.Status.WAITING)
     if filters.tenant:
         qs = qs.filter(tenant__slug=filters.tenant)
     if filters.q:
@@ -85,7 +140,7 @@ def queue_tools(*, user, now: datetime | None = None) -> list[str]:
     """Tools with open operations, for the filter."""
     now = now or timezone.now()
     return list(
-        Operation.objects.filter(_open(now), tenant__memberships__user=user)
+        Operation.objects.filter(_open(now), visible_to(user))
         .values_list("tool", flat=True)
         .distinct()
         .order_by("tool")
@@ -94,11 +149,7 @@ def queue_tools(*, user, now: datetime | None = None) -> list[str]:
 
 def queue_operation_get(*, user, pk: int) -> Operation | None:
     """One operation of the user's tenants, whatever its state (a resolved one stays readable)."""
-    return (
-        Operation.objects.filter(pk=pk, tenant__memberships__user=user)
-        .select_related("tenant", "run")
-        .first()
-    )
+    return Operation.objects.filter(visible_to(user), pk=pk).select_related("tenant", "run").first()
 
 
 def operation_is_open(op: Operation, now: datetime | None = None) -> bool:
@@ -120,7 +171,4 @@ def operation_reconciler(*, op: Operation) -> Reconciler | None:
 
 
 def user_tenants_with_roles(*, user) -> list[tuple[Tenant, str]]:
-    return [
-        (m.tenant, m.role)
-        for m in Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
-    ]
+    return [(access.tenant, access.role) for access in _tenants_with_roles(user=user)]

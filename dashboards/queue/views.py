@@ -18,6 +18,7 @@ from dashboards.queue.selectors import (
     QUEUE_LIMIT,
     QueueFilters,
     membership_role,
+    needs_person_q,
     open_since,
     operation_is_open,
     operation_reconciler,
@@ -25,6 +26,7 @@ from dashboards.queue.selectors import (
     queue_operations,
     queue_tools,
     queue_waiting_runs,
+    reconcile_schedule,
     user_tenants_with_roles,
 )
 from dashboards.queue.services import queue_decide
@@ -50,12 +52,14 @@ def index(request):
     now = timezone.now()
     qs = queue_operations(user=request.user, filters=filters, now=now)
     total = qs.count()
-    needs_person = total if filters.needs_person else qs.filter(needs_person=True).count()
+    needs_person = total if filters.needs_person else qs.filter(needs_person_q()).count()
     rows = [
         {
             "op": op,
             "since": open_since(op),
             "args": orjson.dumps(op.args, option=orjson.OPT_SORT_KEYS).decode(),
+            "person": op.needs_person or not op.reconciler_exists,
+            "schedule": reconcile_schedule(op, now, reconciler=op.reconciler_exists),
         }
         for op in qs[:QUEUE_LIMIT]
     ]
@@ -89,12 +93,13 @@ def detail(request, pk: int):
         raise Http404("no such operation")
     role = membership_role(user=request.user, tenant_id=op.tenant_id)
     can_decide = role in OPERATOR_ROLES
+    reconciler = operation_reconciler(op=op)
     form = None
     status = 200
     if request.method == "POST":
         if not can_decide:
             raise PermissionDenied("operators and admins decide on operations")
-        form = DecisionForm(request.POST)
+        form = DecisionForm(request.POST, reconciler=reconciler is not None, tool=op.tool)
         if form.is_valid():
             data = form.cleaned_data
             try:
@@ -119,6 +124,7 @@ def detail(request, pk: int):
         (t, orjson.dumps(t.evidence, option=orjson.OPT_SORT_KEYS).decode() if t.evidence else "")
         for t in op.history.order_by("pk")
     ]
+    references = [t for t, _ in history if t.operator_reference]
     next_open = (
         queue_operations(user=request.user, filters=QueueFilters(), now=now).exclude(pk=op.pk).first()
         if not operation_is_open(op, now)
@@ -138,13 +144,19 @@ def detail(request, pk: int):
             "form": form,
             "errors": named_errors(form) if form is not None else [],
             "failed_action": form.data.get("action") if form is not None else "",
-            "actions": [(key, label) for key, (label, _) in ACTIONS.items()],
+            # Asking the downstream needs a reconciler: not offered without one.
+            "actions": [
+                (key, label) for key, (label, _) in ACTIONS.items() if key != "reconcile" or reconciler
+            ],
+            "operator_reference": references[-1] if references else None,
+            "needs_person": op.needs_person or reconciler is None,
+            "schedule": reconcile_schedule(op, now, reconciler=reconciler is not None),
             "history": history,
             "args_json": _pretty(op.args),
             "last_reconcile_json": _pretty(op.last_reconcile) if op.last_reconcile else "",
             "result_json": op.result_json,
             "error_json": _pretty(op.error) if op.error is not None else "",
-            "reconciler": operation_reconciler(op=op),
+            "reconciler": reconciler,
             "next_open": next_open,
         },
         status=status,

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from django.db.models import QuerySet
 
+from dashboards.selectors import visible_to
 from ingest.detection import Config, RunState
 from ingest.detection.budgets import consumed, run_budgets
 from ingest.detection.config import BUDGET_TYPES
@@ -25,9 +26,7 @@ RUN_STATUSES = tuple(Run.Status.values)
 
 
 def run_for_user(*, user, pk: int) -> Run | None:
-    return (
-        Run.objects.filter(pk=pk, tenant__memberships__user=user).select_related("tenant", "cursor").first()
-    )
+    return Run.objects.filter(visible_to(user), pk=pk).select_related("tenant", "cursor").first()
 
 
 def run_search(*, tenant_ids: list[int], q: str) -> tuple[list[Run], list[Run], bool]:

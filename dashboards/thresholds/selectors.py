@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from django.db.models import F, Q, QuerySet
 
-from dashboards.models import ConfigChange, Membership
+from dashboards.models import ConfigChange
+from dashboards.selectors import TenantAccess, tenant_access, user_tenants_with_roles
 from ingest.detection import KINDS, Config, ToolSpec
 from ingest.detection.config import MODE_PREFIX
 from ingest.models import Reconciler, Tenant, ThresholdSet, ToolConfig
@@ -29,13 +30,14 @@ __all__ = ["DEFAULTS", "THRESHOLD_NAMES", "Resolved", "scope_label", "thresholds
 
 
 def tenant_for_user(*, user, slug: str) -> tuple[Tenant, str] | None:
-    """The tenant by slug with the user's role in it; None when the user is not a member."""
-    membership = Membership.objects.filter(user=user, tenant__slug=slug).select_related("tenant").first()
-    return (membership.tenant, membership.role) if membership else None
+    """The tenant by slug with the user's role in it; None when the user does not see it."""
+    access = tenant_access(user=user, slug=slug)
+    return (access.tenant, access.role) if access else None
 
 
-def user_memberships(*, user) -> QuerySet[Membership]:
-    return Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
+def user_memberships(*, user) -> list[TenantAccess]:
+    """The tenants the user sees, each with .tenant and .role (a superuser: every tenant, as admin)."""
+    return user_tenants_with_roles(user=user)
 
 
 def threshold_rows(*, tenant: Tenant) -> list[ThresholdSet]:

@@ -99,7 +99,7 @@ def _changes(tenant, limit: int) -> list[dict[str, Any]]:
 
 @login_required
 def index(request):
-    first = user_memberships(user=request.user).first()
+    first = next(iter(user_memberships(user=request.user)), None)
     if first is None:
         return render(request, "dashboards/thresholds/no_tenant.html")
     return redirect("thresholds:tenant", slug=first.tenant.slug)
@@ -209,14 +209,20 @@ def threshold_edit(request, slug: str, pk: int | None = None):
     if request.method == "POST":
         _admin_only(role)
         intent = request.POST.get("intent", "preview")
-        if intent == "delete" and row is not None:
-            threshold_set_delete(tenant=tenant, user=request.user, row=row, note=request.POST.get("note", ""))
+        note = request.POST.get("note", "").strip()
+        if intent == "delete" and row is not None and note:
+            threshold_set_delete(tenant=tenant, user=request.user, row=row, note=note[:2000])
             messages.success(
                 request, f"Removed the {scope_label(row)} overrides: the inherited values apply."
             )
             return redirect("thresholds:tenant", slug=tenant.slug)
         form = ThresholdSetForm(request.POST, tenant=tenant, row=row)
-        if intent == "preview_delete" and row is not None:
+        if intent == "delete" and row is not None:
+            # Like saving: a removal says why (the history keeps it) and is shown with its preview.
+            form.is_valid()
+            form.add_error("note", "note: required to remove overrides — say why (the history keeps it).")
+            status = 400
+        if intent in ("preview_delete", "delete") and row is not None:
             try:
                 limit = form.fields["preview_runs"].clean(request.POST.get("preview_runs") or PREVIEW_RUNS)
             except ValidationError:

@@ -6,7 +6,7 @@ import logging
 import sys
 
 from django.db import InterfaceError, OperationalError
-from django.http import HttpResponse, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils.html import escape
 from rest_framework import exceptions, status
@@ -166,6 +166,21 @@ class DatabaseUnavailableMiddleware:
         return database_unavailable(request, exception) if database_failure(exception) else None
 
 
+class NotFoundPageMiddleware:
+    """A view's Http404 (an unknown tenant, run or operation in a URL, or another tenant's) answers the
+    app's own 404 page (not_found), with DEBUG on too: Django's debug 404 page lists the URL patterns
+    and settings to anyone who types a wrong slug."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        return not_found(request, exception) if isinstance(exception, Http404) else None
+
+
 def bad_request(request, exception=None):
     if _wants_json(request):
         return json_error(status.HTTP_400_BAD_REQUEST, "bad_request", str(exception) or "bad request")
@@ -175,6 +190,7 @@ def bad_request(request, exception=None):
 __all__ = [
     "ApiError",
     "DatabaseUnavailableMiddleware",
+    "NotFoundPageMiddleware",
     "RateLimited",
     "Response",
     "bad_request",

@@ -64,6 +64,7 @@ def operation_state(op: Operation, *, history: bool = False) -> dict[str, Any]:
                 "actor": t.actor,
                 "actor_id": t.actor_id,
                 "note": t.note,
+                "operator_reference": t.operator_reference,
                 "evidence": t.evidence,
                 "at": t.at.isoformat(),
             }

@@ -70,6 +70,7 @@ def _move(
     note: str = "",
     evidence: dict | None = None,
     into: list[OperationTransition] | None = None,
+    operator_reference: str = "",
 ) -> None:
     """Change the status in memory and record the transition; the caller saves the operation.
 
@@ -84,6 +85,7 @@ def _move(
         actor=actor,
         actor_id=actor_id,
         note=note,
+        operator_reference=operator_reference,
         evidence=evidence or {},
     )
     if into is None:

@@ -47,6 +47,8 @@ def operation_resolve(
 ) -> Operation:
     """An operator's decision: succeeded (with the reference), not executed (retryable), compensated.
 
+    The operator's reference is stored on the decision (OperationTransition.operator_reference); the
+    operation keeps the external_request_id its attempt reported, which the history would lose.
     `expected`: the status the operator was shown; when the operation has moved since, AlreadyResolved.
     """
     if not note.strip():
@@ -56,16 +58,7 @@ def operation_resolve(
         _decidable(op, expected)
         if to not in OPERATOR_TARGETS:
             raise TransitionRefused(op, to)
-        if external_reference:
-            op.external_request_id = external_reference
-        _move(
-            op,
-            to,
-            actor=Actor.USER,
-            actor_id=user,
-            note=note,
-            evidence={"external_reference": external_reference} if external_reference else {},
-        )
+        _move(op, to, actor=Actor.USER, actor_id=user, note=note, operator_reference=external_reference)
         op.needs_person = False
         if to == S.COMPENSATED:
             metrics.compensation(op)

@@ -92,15 +92,25 @@ def test_a_loop_appears_live_is_marked_a_false_alarm_and_opens_its_run(
 
 
 # Wraps the page's WebSocket so that a test can drop the connection and keep it down for a while.
+# While down, a connection fails as one to an unreachable server does (closed with 1006), without
+# touching the network. It used to go to another port, which the Content-Security-Policy refuses
+# (failing the page fixture) and after which the page's retries stopped: the test passed only when
+# the loop was detected before the page's first retry, half a second after the drop.
 SOCKET_SWITCH = """
 (() => {
   const Real = window.WebSocket;
   window.__sockets = [];
   window.__urls = [];
   window.__blocked = false;
+  function Unreachable() {
+    const ws = new EventTarget();
+    Object.assign(ws, {readyState: 3, send() {}, close() {}});
+    setTimeout(() => ws.dispatchEvent(new CloseEvent("close", {code: 1006})), 20);
+    return ws;
+  }
   function Switchable(url, protocols) {
     window.__urls.push(url);
-    const ws = new Real(window.__blocked ? "ws://127.0.0.1:9/" : url, protocols);
+    const ws = window.__blocked ? Unreachable() : new Real(url, protocols);
     window.__sockets.push(ws);
     return ws;
   }

@@ -16,7 +16,13 @@ def test_an_operator_resolves_an_unknown_write_from_the_queue(page, live_stack, 
         worker_id="w",
         lease_s=30,
     )
-    operation_complete(tenant=tenant, key="acme:order-42:refund", worker_id="w", outcome="timeout")
+    operation_complete(
+        tenant=tenant,
+        key="acme:order-42:refund",
+        worker_id="w",
+        outcome="timeout",
+        external_request_id="req_bNGf7",
+    )
     operation_claim(tenant=other_tenant, key="globex-key", tool="refund", args={}, worker_id="w", lease_s=30)
     operation_complete(tenant=other_tenant, key="globex-key", worker_id="w", outcome="timeout")
     _, password = member(tenant, "olga", "operator")
@@ -49,8 +55,12 @@ def test_an_operator_resolves_an_unknown_write_from_the_queue(page, live_stack, 
     assert page.locator("#nav-queue-open").inner_text() == "0"
     history = page.locator("#history").inner_text()
     assert "UNKNOWN → SUCCEEDED" in history and "user: olga" in history and "PSP console" in history
+    assert "re_777" in history  # the operator's reference, on the decision
+    # The attempt's request id is kept and shown beside the operator's reference.
+    assert page.locator("#op-external").inner_text() == "req_bNGf7"
+    assert page.locator("#op-operator-reference").inner_text().startswith("re_777")
     op = Operation.objects.get(operation_key="acme:order-42:refund")
-    assert (op.status, op.external_request_id) == ("SUCCEEDED", "re_777")
+    assert (op.status, op.external_request_id) == ("SUCCEEDED", "req_bNGf7")
 
     # The tab opened before the decision still shows UNKNOWN: its click changes nothing more.
     form = stale.locator("#decide-compensate")

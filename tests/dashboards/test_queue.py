@@ -187,10 +187,23 @@ def test_the_queue_holds_unknown_and_expired_running_of_the_users_tenants_oldest
     Operation.objects.filter(pk=second.pk).update(external_request_id="REQ-77")
     assert [o.operation_key for o in queue_operations(user=user, filters=QueueFilters(q="req-7"))] == ["b"]
     assert [o.operation_key for o in queue_operations(user=user, filters=QueueFilters(q="k-ex"))] == ["k-exp"]
-    Operation.objects.filter(pk=second.pk).update(needs_person=True)
+    # Nothing reconciles these tools: every one of them waits for a person (the detail page says so).
     assert [
         o.operation_key for o in queue_operations(user=user, filters=QueueFilters(needs_person=True))
-    ] == ["b"]
+    ] == ["a", "k-exp", "b"]
+    Reconciler.objects.create(
+        tenant=tenant, tool="refund", url_template="https://psp.example/{operation_key}"
+    )
+    Reconciler.objects.create(
+        tenant=other_tenant, tool="email", url_template="https://mail.example/{operation_key}"
+    )
+    assert [
+        o.operation_key for o in queue_operations(user=user, filters=QueueFilters(needs_person=True))
+    ] == ["b"]  # another tenant's reconciler for "email" is not ours
+    Operation.objects.filter(pk=first.pk).update(needs_person=True)  # reconciliation gave up
+    assert [
+        o.operation_key for o in queue_operations(user=user, filters=QueueFilters(needs_person=True))
+    ] == ["a", "b"]
 
 
 # --- views ---------------------------------------------------------------------------------------
@@ -259,14 +272,14 @@ def test_a_viewer_cannot_decide(client, tenant):
 
 
 @pytest.mark.parametrize(
-    ("action", "extra", "status", "evidence"),
+    ("action", "extra", "status", "reference"),
     [
-        ("succeeded", {"external_reference": "re_42"}, "SUCCEEDED", {"external_reference": "re_42"}),
-        ("not_executed", {}, "RETRYABLE_FAILED", {}),
-        ("compensate", {}, "COMPENSATED", {}),
+        ("succeeded", {"external_reference": "re_42"}, "SUCCEEDED", "re_42"),
+        ("not_executed", {}, "RETRYABLE_FAILED", ""),
+        ("compensate", {}, "COMPENSATED", ""),
     ],
 )
-def test_an_operator_decides_with_a_note_recorded_with_the_user(tenant, action, extra, status, evidence):
+def test_an_operator_decides_with_a_note_recorded_with_the_user(tenant, action, extra, status, reference):
     op = _unknown(tenant)
     client = _client(_member(tenant, "ana", "operator"))
     assert client.get("/queue/").context["nav_queue_open"] == 1
@@ -275,11 +288,11 @@ def test_an_operator_decides_with_a_note_recorded_with_the_user(tenant, action, 
     op.refresh_from_db()
     assert op.status == status and not op.needs_person
     last = op.history.last()
-    assert (last.actor, last.actor_id, last.note, last.evidence) == (
+    assert (last.actor, last.actor_id, last.note, last.operator_reference) == (
         "user",
         "ana",
         "seen in the console",
-        evidence,
+        reference,
     )
     page = client.get(response["Location"]).content.decode()
     assert f"→ {status}" in page and 'id="nav-queue-open">0<' in page

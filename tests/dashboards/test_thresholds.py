@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -410,7 +412,11 @@ def test_preview_then_save_records_who_changed_what(tenant):
     assert update.after["values"] == {"repeat_tolerance": 4}
     assert (delete.action, delete.after, delete.note) == ("delete", None, "back to shared")
     history = client.get(f"/thresholds/{tenant.slug}/history/").content.decode()
-    assert "repeat_tolerance</code>: 5 → <b>4</b>" in history and "back to shared" in history
+    assert "repeat_tolerance</code>: <code>5</code> → <b><code>4</code></b>" in history
+    assert "back to shared" in history
+    # Values as JSON, never Python's repr: true, not True.
+    assert "count_by_round</code>: <code>true</code> → <b><code>—</code></b>" in history
+    assert "True" not in history
 
 
 def test_a_second_row_for_the_same_scope_is_refused(tenant):
@@ -500,6 +506,44 @@ def test_previewing_the_removal_of_a_row(tenant):
         f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "preview_delete", "preview_runs": "x"}
     )
     assert response.status_code == 200 and "preview_runs: Enter a whole number." in response.content.decode()
+
+
+def test_removing_overrides_asks_for_a_note_and_shows_its_preview_first(tenant):
+    row = ThresholdSet.objects.create(tenant=tenant, backend="openai", values={"repeat_tolerance": 5})
+    _repeating_run(tenant, "back-to-default")
+    client = _client(_member(tenant, "ana"))
+    edit = client.get(f"/thresholds/{tenant.slug}/sets/{row.pk}/").content.decode()
+    # Offered only with its preview, like saving.
+    assert 'id="preview-delete-button"' in edit and 'id="delete-button"' not in edit
+    preview = client.post(
+        f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "preview_delete", "preview_runs": "50"}
+    ).content.decode()
+    assert 'id="delete-button"' in preview and "required to remove" in preview
+    # Without a note: refused, naming the field, with the preview again; nothing removed.
+    response = client.post(f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "delete", "note": "  "})
+    page = response.content.decode()
+    assert response.status_code == 400
+    assert "note: required to remove overrides" in page and "without these overrides" in page
+    assert ThresholdSet.objects.filter(pk=row.pk).exists() and not ConfigChange.objects.exists()
+    response = client.post(
+        f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "delete", "note": "shared values are fine"}
+    )
+    assert response.status_code == 302 and not ThresholdSet.objects.filter(pk=row.pk).exists()
+    assert ConfigChange.objects.get().note == "shared values are fine"
+
+
+def test_preview_rows_tell_run_ids_that_share_their_start_apart(tenant):
+    row = ThresholdSet.objects.create(tenant=tenant, backend="openai", values={"repeat_tolerance": 5})
+    _repeating_run(tenant, "sim-shop-assistant-refund-2026-12-02-0001")
+    _repeating_run(tenant, "sim-shop-assistant-refund-2026-12-02-0002")
+    client = _client(_member(tenant, "ana"))
+    page = client.post(
+        f"/thresholds/{tenant.slug}/sets/{row.pk}/", {"intent": "preview_delete", "preview_runs": "50"}
+    ).content.decode()
+    shown = re.findall(r'<a href="/runs/\d+/" title="([^"]+)"><code>([^<]+)</code>', page)
+    assert len(shown) == 2
+    assert {text[-4:] for _, text in shown} == {"0001", "0002"}  # the end, where they differ, is shown
+    assert all(full.startswith(text.split("…")[0]) for full, text in shown)
 
 
 def test_a_user_of_no_tenant_is_told_so(client, tenant):

@@ -1,6 +1,6 @@
 """Agent traffic for the fault tests, what the server said to it, and what the server then holds.
 
-`Traffic` sends simulated runs (ingest.simulation, every event with an event_id) through
+`Traffic` sends simulated runs (demo.simulation, every event with an event_id) through
 POST /api/v1/events from a few sender threads, each run's events in order, and retries what was
 not taken (5xx, no answer) until it is: a retried batch the server had stored comes back
 `duplicate`. `Probe` asks the read API and a dashboard page (as a logged-in user) every
@@ -31,7 +31,7 @@ import orjson
 import psycopg
 from django.core.management import call_command
 
-from ingest.simulation import SimRun, run_generate
+from demo.simulation import SimRun, run_generate
 
 REQUEST_TIMEOUT_S = 60.0  # far above any answer the server should give: a hang shows as its duration
 RETRY_S = 0.25  # a sender retries sooner than Retry-After asks: the outage gets traffic to answer

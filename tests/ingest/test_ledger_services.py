@@ -31,17 +31,22 @@ def _unknown(tenant, key="k1"):
 
 
 def test_an_operator_resolves_an_unknown_write_with_a_note_in_the_history(tenant):
-    op = _unknown(tenant)
+    operation_claim(tenant=tenant, key="k1", tool="refund", args={"p": 1}, worker_id="w", lease_s=30)
+    op = operation_complete(
+        tenant=tenant, key="k1", worker_id="w", outcome="timeout", external_request_id="req_bNGf42"
+    )
     done = operation_resolve(
         operation=op, to="SUCCEEDED", user="ana", note="seen in the PSP console", external_reference="re_123"
     )
-    assert (done.status, done.external_request_id) == ("SUCCEEDED", "re_123")
+    # The attempt's own request id stays; the operator's reference is the decision's.
+    assert (done.status, done.external_request_id) == ("SUCCEEDED", "req_bNGf42")
     last = done.history.last()
-    assert (last.actor, last.actor_id, last.note, last.evidence) == (
+    assert (last.actor, last.actor_id, last.note, last.operator_reference, last.evidence) == (
         "user",
         "ana",
         "seen in the PSP console",
-        {"external_reference": "re_123"},
+        "re_123",
+        {},
     )
     compensated = operation_resolve(operation=done, to="COMPENSATED", user="ana", note="refund reversed")
     assert compensated.status == "COMPENSATED"

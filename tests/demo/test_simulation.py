@@ -16,8 +16,7 @@ import jsonschema
 import orjson
 import pytest
 
-from ingest.schema import BUDGET_KEYS, validate_event
-from ingest.simulation import (
+from demo.simulation import (
     AGENTS,
     ROUNDS,
     SCENARIOS,
@@ -40,6 +39,7 @@ from ingest.simulation import (
     scenario_pick,
     scenario_write_timeout,
 )
+from ingest.schema import BUDGET_KEYS, validate_event
 
 START = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "ingest" / "spec" / "trace-events.schema.json"
@@ -176,7 +176,7 @@ def test_the_run_prefix_and_start_are_used():
 
 
 def test_the_module_imports_no_django():
-    code = "import sys, ingest.simulation; print('django' in sys.modules)"
+    code = "import sys, demo.simulation; print('django' in sys.modules)"
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

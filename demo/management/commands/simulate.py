@@ -1,15 +1,23 @@
-"""`manage.py simulate`: realistic demo traffic sent to a loopwatch server over its REST API.
+"""`manage.py simulate`: realistic demo traffic sent to a loopwatch server, the way agent runtimes
+send it.
 
-It goes through HTTP like any agent runtime (never the ORM), so it exercises the whole
-way in: authentication, validation, storage, per-run processing. The runs come from
-ingest.simulation; several are interleaved, each one's events in order.
+It goes through HTTP like any agent runtime (never the ORM), so it exercises the whole way in:
+authentication, validation, storage, per-run processing. The runs come from demo.simulation;
+several are interleaved, each one's events in order. Each agent reaches loopwatch one way
+(demo.simulation.AGENT_CHANNELS): most send trace events to POST /api/v1/events, one exports
+OpenTelemetry traces to POST /v1/traces (demo.otlp), and some ask the guard before every tool call
+through loopwatch_client's Guard (demo.guarded), so their loops end in handoffs that wait for a
+person. With --downstream-port it also serves the demo's payment service that the demo tenant's
+reconciler asks about refunds whose outcome is unknown (demo.downstream).
 """
 
 from __future__ import annotations
 
 import http.client
 import os
+import queue
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -21,7 +29,10 @@ from urllib.parse import urlsplit
 import orjson
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
-from ingest.simulation import Event, SimRun, run_generate
+from demo.downstream import PaymentService
+from demo.guarded import GuardedAgent
+from demo.otlp import OTLP_PATH, OtlpRun, export_body, otlp_run, span_stamp
+from demo.simulation import AGENT_CHANNELS, Event, SimRun, run_generate
 
 EVENTS_PATH = "/api/v1/events"
 SERVER_WAIT_S = 30.0  # how long to keep retrying an unreachable server (it may be starting)
@@ -50,22 +61,26 @@ class Tally:
     rejected: int = 0
     posts: int = 0
     retries: int = 0
+    spans: int = 0
+    spans_rejected: int = 0
     runs_by_scenario: Counter[str] = field(default_factory=Counter)
     events_by_scenario: Counter[str] = field(default_factory=Counter)
+    runs_by_channel: Counter[str] = field(default_factory=Counter)
 
 
 class EventsClient:
-    """POSTs batches to /api/v1/events on one kept-alive connection (http.client, no dependency)."""
+    """POSTs batches to /api/v1/events (or `path`: /v1/traces takes OTLP/JSON) on one kept-alive
+    connection (http.client, no dependency)."""
 
-    def __init__(self, url: str, key: str, *, wait_s: float = SERVER_WAIT_S) -> None:
+    def __init__(self, url: str, key: str, *, wait_s: float = SERVER_WAIT_S, path: str = EVENTS_PATH) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise CommandError(f"--url: expected http(s)://host[:port], got {url!r}")
-        self.url = url.rstrip("/") + EVENTS_PATH
+        self.url = url.rstrip("/") + path
         self._https = parts.scheme == "https"
         self._host = parts.hostname
         self._port = parts.port
-        self._path = parts.path.rstrip("/") + EVENTS_PATH
+        self._path = parts.path.rstrip("/") + path
         self._headers = {
             "Authorization": f"Bearer {key}",
             "Content-Type": "application/json",
@@ -83,13 +98,13 @@ class EventsClient:
             self._conn.close()
             self._conn = None
 
-    def post(self, events: list[Event]) -> dict[str, Any]:
+    def post(self, payload: list[Event] | dict[str, Any]) -> dict[str, Any]:
         """The server's verdicts on a batch; retries an unreachable or overloaded server.
 
         Resending a batch the server may already have stored is safe: every event has an
-        event_id, so a second delivery comes back `duplicate` and is stored once.
+        event_id (every span a span id), so a second delivery is stored once.
         """
-        body = orjson.dumps(events)
+        body = orjson.dumps(payload)
         deadline: float | None = None
         delay = 0.25
         attempt = 0
@@ -130,7 +145,7 @@ class EventsClient:
         status = response.status
         if status in (200, 207, 422):
             self.waiting = None
-            return orjson.loads(data)
+            return orjson.loads(data or b"{}")
         if status == 429 or status >= 500:
             raise _Unreachable(f"HTTP {status}")
         detail = data[:500].decode(errors="replace")
@@ -241,14 +256,48 @@ class Progress:
 
 @dataclass
 class _Flight:
-    """A run being sent: the next of its events to go."""
+    """A run being sent: the next of its events (or, exported over OTLP, of its spans) to go."""
 
     run: SimRun
+    otlp: OtlpRun | None = None
     next: int = 0
 
     @property
     def left(self) -> int:
-        return len(self.run.events) - self.next
+        units = self.otlp.spans if self.otlp is not None else self.run.events
+        return len(units) - self.next
+
+
+@dataclass
+class _Guarded:
+    """The agents that use the guard: their threads, the runs waiting for one, how runs ended."""
+
+    agents: list[GuardedAgent]
+    runs: queue.Queue[SimRun]
+    outcomes: Counter[str]
+    lock: threading.Lock
+    stop: threading.Event
+
+    def alive(self) -> bool:
+        return any(agent.is_alive() for agent in self.agents)
+
+    def busy(self) -> bool:
+        return self.runs.qsize() >= len(self.agents)
+
+    def done(self) -> int:
+        with self.lock:
+            return sum(self.outcomes[k] for k in ("finished", "handoff", "terminated"))
+
+    def close(self, *, wait: bool) -> None:
+        self.stop.set()
+        for agent in self.agents:
+            if wait:
+                agent.join()
+            else:
+                agent.aborted.set()
+        for agent in self.agents:
+            if agent.error is not None:
+                raise CommandError(f"{agent.name}: {type(agent.error).__name__}: {agent.error}")
 
 
 class Command(BaseCommand):
@@ -289,7 +338,27 @@ class Command(BaseCommand):
         parser.add_argument(
             "--keep-timestamps",
             action="store_true",
-            help="send the generated ts (a run spread over its realistic duration) instead of the send time",
+            help="send the generated ts (a run spread over its realistic duration) instead of the send time "
+            "(REST only: OTLP spans are stamped when sent)",
+        )
+        parser.add_argument(
+            "--guarded-agents",
+            type=int,
+            default=2,
+            help="threads playing the runs of agents that ask the guard before each tool call "
+            "(refund-desk, shop-assistant) through loopwatch_client's Guard (default 2)",
+        )
+        parser.add_argument(
+            "--rest-only",
+            action="store_true",
+            help="send every run as trace events over REST: no OTLP export, no guard",
+        )
+        parser.add_argument(
+            "--downstream-port",
+            type=int,
+            default=0,
+            help="serve the demo's payment service on 127.0.0.1:PORT for the demo reconciler "
+            "(manage.py demo_setup --downstream-url); 0 = not served (default)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -307,20 +376,30 @@ class Command(BaseCommand):
             ("--runs", runs, 0),
             ("--concurrent-runs", concurrent, 1),
             ("--batch", batch, 1),
+            ("--guarded-agents", options["guarded_agents"], 0),
+            ("--downstream-port", options["downstream_port"], 0),
         ):
             if value < minimum:
                 raise CommandError(f"{name}: must be at least {minimum} (got {value})")
         seed = options["seed"] if options["seed"] is not None else random.SystemRandom().randrange(2**31)
 
         client = EventsClient(options["url"], key)
+        otlp_client = EventsClient(options["url"], key, path=OTLP_PATH)
         progress = Progress(self.stderr, enabled=not options["no_progress"], runs=runs, duration=duration)
         tally = Tally()
-        client.on_retry = lambda problem: progress.update(tally, waiting=problem)
+        client.on_retry = otlp_client.on_retry = lambda problem: progress.update(tally, waiting=problem)
+        payments = PaymentService(options["downstream_port"]) if options["downstream_port"] else None
+        rest_only = options["rest_only"]
+        guarded = self._guarded(
+            options["url"], key, options["guarded_agents"] if not rest_only else 0, seed, rate
+        )
         started = time.monotonic()
         interrupted = False
         try:
             self._send(
                 client,
+                otlp_client,
+                guarded,
                 progress,
                 tally,
                 seed=seed,
@@ -330,22 +409,59 @@ class Command(BaseCommand):
                 concurrent=concurrent,
                 batch=batch,
                 restamp=not options["keep_timestamps"],
+                rest_only=rest_only,
             )
+            if guarded is not None:
+                guarded.close(wait=True)  # the guarded runs under way end (at full speed)
         except KeyboardInterrupt:
             interrupted = True
+            if guarded is not None:
+                guarded.close(wait=False)
         finally:
             client.close()
+            otlp_client.close()
+            if payments is not None:
+                payments.close()
             progress.close(tally)
-        tally.retries = client.retries
-        self._summary(tally, seed=seed, elapsed=time.monotonic() - started, interrupted=interrupted)
-        if tally.rejected:
+        tally.retries = client.retries + otlp_client.retries
+        self._summary(tally, guarded, seed=seed, elapsed=time.monotonic() - started, interrupted=interrupted)
+        rejected = tally.rejected + tally.spans_rejected
+        if guarded is not None:
+            rejected += sum(agent.tracer.stats["rejected"] for agent in guarded.agents)
+        if rejected:
             raise CommandError(
-                f"{tally.rejected} events were rejected: the simulation made invalid events, which is a bug"
+                f"{rejected} events were rejected: the simulation made invalid events, which is a bug"
             )
+
+    def _guarded(self, url: str, key: str, agents: int, seed: int, rate: float) -> _Guarded | None:
+        if not agents:
+            return None
+        outcomes: Counter[str] = Counter()
+        lock, stop = threading.Lock(), threading.Event()
+        runs: queue.Queue[SimRun] = queue.Queue()
+        threads = [
+            GuardedAgent(
+                url,
+                key,
+                runs,
+                name=f"guarded-agent-{n + 1}",
+                paced=rate > 0,
+                seed=seed + 2 + n,
+                outcomes=outcomes,
+                lock=lock,
+                stop=stop,
+            )
+            for n in range(agents)
+        ]
+        for thread in threads:
+            thread.start()
+        return _Guarded(threads, runs, outcomes, lock, stop)
 
     def _send(
         self,
         client: EventsClient,
+        otlp_client: EventsClient,
+        guarded: _Guarded | None,
         progress: Progress,
         tally: Tally,
         *,
@@ -356,15 +472,19 @@ class Command(BaseCommand):
         concurrent: int,
         batch: int,
         restamp: bool,
+        rest_only: bool,
     ) -> None:
         """The sending loop.
 
         1. Keep `concurrent` runs in flight: generate a new run when one is fully sent, until
-           --runs runs were started or --duration has passed.
+           --runs runs were started or --duration has passed. A run of an agent that uses the
+           guard goes to the guarded agents' queue instead (while they are all busy it waits
+           with --runs, else it is not made); a run of an agent that exports OTLP is sent as
+           spans.
         2. Wait for the rate to allow events; take that many (at most --batch), each from a
            random run in flight, so runs interleave while each run keeps its order.
-        3. POST them, count the verdicts, print rejected ones; a run is done once its last
-           event was answered.
+        3. POST them (events to /api/v1/events, spans to /v1/traces), count the verdicts, print
+           rejected ones; a run is done once its last event was answered.
         """
         # Two generators: the interleaving varies with timing, the runs themselves must not.
         runs_rng = random.Random(seed)
@@ -381,18 +501,48 @@ class Command(BaseCommand):
                 pacer.unlimited()  # finish the runs in flight promptly
             while len(flights) < concurrent and not stopping and (not runs or tally.runs_started < runs):
                 sim = run_generate(runs_rng, datetime.now(UTC), run_prefix=prefix)
-                flights.append(_Flight(sim))
+                channel = "rest" if rest_only else AGENT_CHANNELS.get(sim.events[0]["agent"], "rest")
+                if channel == "guard":
+                    if guarded is None:
+                        continue
+                    # With --runs every run is played, so it waits for a free agent; otherwise a
+                    # run comes along for the guarded agents often enough, and REST must not wait.
+                    while runs and guarded.busy() and guarded.alive():
+                        time.sleep(0.05)
+                    if guarded.busy():
+                        continue
+                    guarded.runs.put(sim)
+                elif channel == "otlp":
+                    flights.append(_Flight(sim, otlp=otlp_run(sim)))
+                else:
+                    flights.append(_Flight(sim))
                 tally.runs_started += 1
+                tally.runs_by_channel[channel] += 1
             if not flights:
+                if (
+                    guarded is not None
+                    and guarded.alive()
+                    and guarded.done() < tally.runs_by_channel["guard"]
+                ):
+                    time.sleep(0.1)  # the guarded agents' runs are still under way
+                    progress.update(tally, waiting=client.waiting)
+                    continue
                 return
             want = pacer.due()
             taken: list[tuple[_Flight, Event]] = []
-            while len(taken) < want and flights:
+            spans: list[tuple[OtlpRun, dict[str, Any]]] = []
+            now_ns = time.time_ns()
+            while len(taken) + len(spans) < want and flights:
                 open_flights = [f for f in flights if f.left]
                 if not open_flights:
                     break
                 flight = mix_rng.choice(open_flights)
-                taken.append((flight, flight.run.events[flight.next]))
+                if flight.otlp is not None:
+                    spans.append(
+                        (flight.otlp, span_stamp(flight.otlp, flight.otlp.spans[flight.next], now_ns))
+                    )
+                else:
+                    taken.append((flight, flight.run.events[flight.next]))
                 flight.next += 1
             events = [event for _, event in taken]
             if restamp:
@@ -400,15 +550,18 @@ class Command(BaseCommand):
                 # times, but they go out faster than that; stamp them as sent so no ts is in the future.
                 sent_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
                 events = [{**event, "ts": sent_at} for event in events]
-            answer = client.post(events)
-            pacer.sent(len(events))
-            self._count(tally, taken, answer, progress)
+            if events:
+                answer = client.post(events)
+                self._count(tally, taken, answer, progress)
+            if spans:
+                self._count_spans(tally, spans, otlp_client.post(export_body(spans)), progress)
+            pacer.sent(len(events) + len(spans))
             finished = [f for f in flights if not f.left]
             for flight in finished:
                 flights.remove(flight)
                 tally.runs_done += 1
                 tally.runs_by_scenario[flight.run.scenario] += 1
-            progress.update(tally, waiting=client.waiting)
+            progress.update(tally, waiting=client.waiting or otlp_client.waiting)
 
     def _count(
         self, tally: Tally, taken: list[tuple[_Flight, Event]], answer: dict[str, Any], progress: Progress
@@ -432,14 +585,57 @@ class Command(BaseCommand):
                     f"{verdict.get('error') or verdict.get('reason')}"
                 )
 
-    def _summary(self, tally: Tally, *, seed: int, elapsed: float, interrupted: bool) -> None:
+    def _count_spans(
+        self,
+        tally: Tally,
+        spans: list[tuple[OtlpRun, dict[str, Any]]],
+        answer: dict[str, Any],
+        progress: Progress,
+    ) -> None:
+        tally.posts += 1
+        tally.spans += len(spans)
+        for run, _ in spans:
+            tally.events_by_scenario[run.scenario] += 1
+        partial = answer.get("partialSuccess") or {}
+        rejected = int(partial.get("rejectedSpans") or 0)
+        tally.spans_rejected += rejected
+        if rejected and tally.spans_rejected <= REJECTIONS_SHOWN:
+            progress.break_line()
+            self.stderr.write(f"rejected spans: {partial.get('errorMessage')}")
+
+    def _summary(
+        self, tally: Tally, guarded: _Guarded | None, *, seed: int, elapsed: float, interrupted: bool
+    ) -> None:
         out = self.stdout
+        if guarded is not None:
+            with guarded.lock:
+                for key, count in guarded.outcomes.items():
+                    if key.startswith("scenario:"):
+                        tally.runs_by_scenario[key.removeprefix("scenario:")] += count
+                tally.runs_done += sum(guarded.outcomes[k] for k in ("finished", "handoff", "terminated"))
+                ended = ", ".join(f"{k} {guarded.outcomes[k]}" for k in ("finished", "handoff", "terminated"))
+            guard_stats = Counter[str]()
+            for agent in guarded.agents:
+                guard_stats.update(agent.guard.stats)
+                tally.events += agent.tracer.stats["sent"]
+            checks = ", ".join(
+                f"{k} {guard_stats[k]}"
+                for k in ("allow", "reuse", "correct", "handoff", "terminate", "write", "unavailable")
+                if guard_stats[k]
+            )
         speed = tally.events / elapsed if elapsed > 0 else 0.0
         out.write(
             f"simulate: {tally.runs_done} runs, {tally.events} events in {elapsed:.1f}s "
             f"({speed:,.1f} events/s), {tally.posts} POSTs, seed {seed}"
         )
         out.write(f"accepted {tally.accepted}, duplicate {tally.duplicate}, rejected {tally.rejected}")
+        if tally.runs_by_channel["otlp"]:
+            out.write(
+                f"over OTLP: {tally.runs_by_channel['otlp']} runs, {tally.spans} spans, "
+                f"rejected {tally.spans_rejected}"
+            )
+        if guarded is not None:
+            out.write(f"through the guard: {tally.runs_by_channel['guard']} runs ({ended}); checks: {checks}")
         if tally.retries:
             out.write(f"retried POSTs: {tally.retries}")
         unfinished = tally.runs_started - tally.runs_done

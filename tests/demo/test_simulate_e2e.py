@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.db.models import Max, Min
 from django.utils import timezone
 
-from ingest.management.commands import simulate
+from demo.management.commands import simulate
 from ingest.models import Event, Run, ToolCall
 
 # live_server serves from another thread: the data must really be committed.
@@ -28,9 +28,18 @@ SEED = 20261129
 
 
 def _simulate(url: str, key: str, **options) -> str:
+    """simulate's REST path alone (test_demo_stack covers OTLP and the guard)."""
     out = StringIO()
     call_command(
-        "simulate", url=url, key=key, rate=0, no_progress=True, stdout=out, stderr=StringIO(), **options
+        "simulate",
+        url=url,
+        key=key,
+        rate=0,
+        no_progress=True,
+        rest_only=True,
+        stdout=out,
+        stderr=StringIO(),
+        **options,
     )
     return out.getvalue()
 
@@ -145,6 +154,7 @@ def test_it_counts_and_shows_rejected_events(live_server, tenant, make_key, monk
             runs=2,
             rate=0,
             no_progress=True,
+            rest_only=True,
             stdout=StringIO(),
             stderr=err,
         )
