@@ -39,6 +39,7 @@
   let pointerIn = false;
   let socket = null;
   let attempts = 0;
+  let reconnectTimer = null; // a reconnect waiting out its backoff
   let pingTimer = null;
 
   for (const row of body.querySelectorAll("tr.incident")) shown.add(Number(row.dataset.id));
@@ -196,6 +197,7 @@
   }
 
   function connect() {
+    reconnectTimer = null;
     const query = new URLSearchParams(config.query);
     query.set("after", String(lastId));
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
@@ -238,7 +240,7 @@
       const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** attempts) * (0.75 + Math.random() / 2);
       attempts += 1;
       setStatus("reconnecting", `disconnected — reconnecting in ${Math.round(delay / 1000)} s`);
-      setTimeout(connect, delay);
+      reconnectTimer = setTimeout(connect, delay);
     });
   }
 
@@ -278,5 +280,13 @@
   // Filters reload the page: the list is filtered by the server, the socket by the same rules.
   filters.addEventListener("change", () => filters.submit());
 
+  // The network is back (a laptop woke up, Wi-Fi returned): try now rather than wait out a backoff
+  // that grew while it was away (up to BACKOFF_MAX_MS).
+  window.addEventListener("online", () => {
+    if (reconnectTimer === null) return;
+    clearTimeout(reconnectTimer);
+    reconnectTimer = null;
+    connect();
+  });
   connect();
 })();

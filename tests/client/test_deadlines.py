@@ -44,13 +44,34 @@ def uvicorn_server(django_db_setup, tmp_path_factory) -> Iterator[Server]:
         yield Server(url, proc.pid)
 
 
+def _database_quiet(timeout: float = 30.0) -> None:
+    """Until no other session of the test database is in a transaction: the thawed server finishes
+    what the freeze held (an ingest, its eager detection pass) before the test's flush TRUNCATEs
+    the tables, which otherwise may deadlock with it ("couldn't be flushed", once in CI)."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                " AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.1)
+
+
 @pytest.fixture
 def server(uvicorn_server) -> Iterator[Server]:
-    """The module's uvicorn, thawed again after each test whatever happened."""
+    """The module's uvicorn, thawed again after each test whatever happened, and done with what it
+    was doing before the test's database is emptied."""
     try:
         yield uvicorn_server
     finally:
         uvicorn_server.thaw()
+        _database_quiet()
 
 
 @pytest.fixture
