@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from django.utils import timezone
 
+from ingest.incidents import incidents_refresh, problem_keys
 from ingest.models import Detection, Run
 from tests.browser.helpers import member, sign_in
 
@@ -28,7 +29,8 @@ def _run(tenant, run_id: str, backend: str, model: str, started) -> Run:
 
 
 def _detection(run, kind: str, ts, seq: int = 3) -> Detection:
-    return Detection.objects.create(
+    """Stored as the pipeline stores one: with its incident brought up to date."""
+    detection = Detection.objects.create(
         tenant=run.tenant,
         run=run,
         seq=seq,
@@ -39,6 +41,8 @@ def _detection(run, kind: str, ts, seq: int = 3) -> Detection:
         task_type=run.task_type,
         ts=ts,
     )
+    incidents_refresh(keys=problem_keys([detection]))
+    return detection
 
 
 def test_a_loop_bar_opens_its_alerts_and_the_page_redraws_itself(chromium, live_stack, tenant, other_tenant):
@@ -115,10 +119,10 @@ def test_a_loop_bar_opens_its_alerts_and_the_page_redraws_itself(chromium, live_
         start = timezone.datetime.fromisoformat(query["from"][0].replace("Z", "+00:00"))
         end = timezone.datetime.fromisoformat(query["to"][0].replace("Z", "+00:00"))
         assert end - start == timedelta(minutes=15) and start <= at < end
-        page.wait_for_selector("#alerts tr.alert")
-        runs = page.locator("#alerts tr.alert a[href^='/runs/']").all_inner_texts()
-        assert runs and set(runs) == {"target-run"}
-        assert page.locator("#alerts tr.alert").count() == 3
+        page.wait_for_selector("#alerts tr.incident")
+        runs = page.locator("#alerts tr.incident a[href^='/runs/']").all_inner_texts()
+        assert runs == ["target-run"]  # its one incident: the three detections of one problem
+        assert page.locator("#alerts tr.incident [data-f=alerts]").inner_text() == "3 alerts"
         assert "a bar of the overview" in page.locator("#alerts-window").inner_text()
         assert errors == []
     finally:

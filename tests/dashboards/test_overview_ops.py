@@ -16,7 +16,8 @@ from django.core.cache import cache
 from dashboards.alerts.selectors import AlertFilterError, AlertFilters
 from dashboards.models import ConfigChange, Membership
 from dashboards.overview import charts
-from ingest.models import Detection, Run
+from ingest.incidents import incidents_refresh, problem_keys
+from ingest.models import Detection, Incident, Run
 
 pytestmark = pytest.mark.django_db
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -43,7 +44,8 @@ def _run(tenant, run_id, **fields) -> Run:
 
 
 def _detection(run, *, kind="exact_repeat", action="correct", ts=None, seq=3) -> Detection:
-    return Detection.objects.create(
+    """A detection stored as the pipeline stores one: with its incident brought up to date."""
+    detection = Detection.objects.create(
         tenant=run.tenant,
         run=run,
         seq=seq,
@@ -55,6 +57,8 @@ def _detection(run, *, kind="exact_repeat", action="correct", ts=None, seq=3) ->
         agent=run.agent,
         ts=ts or NOW - timedelta(hours=1, minutes=50),
     )
+    incidents_refresh(keys=problem_keys([detection]))
+    return detection
 
 
 def _figures(page: str) -> dict[str, dict]:
@@ -189,7 +193,11 @@ def test_a_bar_of_the_overview_opens_the_alerts_of_its_backend_kind_and_step(cli
     query = "backend=openai&model=gpt-4o&kind=oscillation&from=2026-11-29T10:00:00Z&to=2026-11-29T10:15:00Z"
     response = client.get(f"/alerts/?{query}")
     assert response.status_code == 200
-    assert [a["id"] for a in response.context["alerts"]] == [inside.pk]
+    # The incident of `inside` and its next step (seen 10:05 to 10:25) overlaps the bar's 10:00 to 10:15.
+    assert [i["id"] for i in response.context["incidents"]] == [
+        Incident.objects.get(run=mine, kind="oscillation").pk
+    ]
+    assert inside.run_id == mine.pk
     page = response.content.decode()
     assert 'id="alerts-window"' in page and "gpt-4o" in page
     config = json.loads(

@@ -13,6 +13,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from dashboards.models import Membership
+from ingest.incidents import incidents_refresh, problem_keys
 from ingest.ledger import operation_claim, operation_complete
 from ingest.models import Detection, Run, Tenant, ThresholdSet
 
@@ -26,9 +27,10 @@ def _superuser():
 def test_a_superuser_without_memberships_sees_and_administers_every_tenant(client, tenant, other_tenant):
     mine = Run.objects.create(tenant=tenant, run_id="acme-run", status="running", backend="openai")
     theirs = Run.objects.create(tenant=other_tenant, run_id="globex-run", status="waiting", backend="local")
-    Detection.objects.create(
+    detection = Detection.objects.create(
         tenant=other_tenant, run=theirs, seq=1, kind="exact_repeat", action="correct", ts=timezone.now()
     )
+    incidents_refresh(keys=problem_keys([detection]))  # as the pipeline stores it
     operation_claim(tenant=other_tenant, key="g1", tool="refund", args={}, worker_id="w", lease_s=30)
     operation_complete(tenant=other_tenant, key="g1", worker_id="w", outcome="timeout")
     ThresholdSet.objects.create(tenant=other_tenant, values={"max_rounds": 9})
@@ -40,7 +42,7 @@ def test_a_superuser_without_memberships_sees_and_administers_every_tenant(clien
         client.get(f"/runs/{theirs.pk}/").status_code == 200
         and client.get(f"/runs/{mine.pk}/").status_code == 200
     )
-    assert [a["run_id"] for a in client.get("/alerts/").context["alerts"]] == ["globex-run"]
+    assert [i["run_id"] for i in client.get("/alerts/").context["incidents"]] == ["globex-run"]
     queue = client.get("/queue/")
     assert queue.context["total"] == 1 and queue.context["waiting_total"] == 1
     assert 'id="nav-queue-open">1<' in queue.content.decode()
