@@ -42,35 +42,47 @@ def needs_person_q() -> Q:
     return cast(Q, Q(needs_person=True) | ~has_reconciler())  # Q | Exists is a Q (the stubs say Combinable)
 
 
-def reconciliation_scheduled() -> bool:
-    """Whether something asks downstreams on a schedule: Celery beat outside the embedded mode (eager
-    Celery, no beat); the pages say so instead of showing a due time that never comes."""
-    return not settings.CELERY_TASK_ALWAYS_EAGER
+def _pass_every_s(name: str) -> float:
+    entry = settings.CELERY_BEAT_SCHEDULE.get(name, {})
+    schedule = entry.get("schedule", 15.0)
+    return float(getattr(schedule, "total_seconds", lambda: schedule)())
+
+
+# Who runs the periodic passes: Celery beat, or in the embedded mode `manage.py demo_beat` (which
+# `dev.py up` starts). A page cannot see either process, so a due time well past says which to check.
+NO_PASS = "is Celery beat running (in the embedded mode `manage.py demo_beat`, which dev.py up starts)?"
 
 
 def reconcile_schedule(op: Operation, now: datetime, *, reconciler: bool) -> dict[str, str]:
     """What the page says about the next reconciliation of an open operation: {text, why}. Never a
-    time in the past without the reason."""
+    time in the past without the reason: a pass is due at most one beat interval after the time it
+    names; later than that, no pass has run."""
     if op.needs_person or not reconciler:
         return {"text": "", "why": "a person decides"}
     if op.status == S.RUNNING:
-        if reconciliation_scheduled():
-            return {"text": "when the beat records the expired lease as UNKNOWN", "why": ""}
-        return {"text": "", "why": "no scheduled reconciliation in the embedded mode (no Celery beat)"}
+        every = _pass_every_s("ledger-expire-leases")
+        expired = op.lease_expires_at or now
+        if (now - expired).total_seconds() <= 2 * every:
+            return {
+                "text": "",
+                "why": f"the lease ran out; the next pass (every {every:g} s) makes it UNKNOWN",
+            }
+        return {
+            "text": "",
+            "why": f"the lease ran out at {expired:%H:%M:%S} UTC and no pass took it since: {NO_PASS}",
+        }
     at = op.next_reconcile_at
     if at is None:
         return {"text": "", "why": "not scheduled"}
     if at > now:
         return {"text": f"{at:%Y-%m-%d %H:%M:%S} UTC", "why": ""}
-    if not reconciliation_scheduled():
-        return {
-            "text": "",
-            "why": f"due since {at:%H:%M:%S} UTC, but nothing reconciles on a schedule in the embedded "
-            "mode (no Celery beat): retry it now or decide",
-        }
+    every = _pass_every_s("ledger-reconcile")
+    if (now - at).total_seconds() <= 2 * every:
+        return {"text": "", "why": f"due now: reconciliation passes every {every:g} s"}
     return {
         "text": "",
-        "why": f"due since {at:%H:%M:%S} UTC: waiting for the next pass of Celery beat (is beat running?)",
+        "why": f"due since {at:%H:%M:%S} UTC and no reconciliation pass has run since: {NO_PASS} "
+        "Meanwhile retry it now or decide.",
     }
 
 
