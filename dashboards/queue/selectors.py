@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
@@ -44,8 +44,12 @@ def needs_person_q() -> Q:
 
 def _pass_every_s(name: str) -> float:
     entry = settings.CELERY_BEAT_SCHEDULE.get(name, {})
-    schedule = entry.get("schedule", 15.0)
-    return float(getattr(schedule, "total_seconds", lambda: schedule)())
+    schedule: Any = entry.get("schedule", 15.0)  # seconds, a timedelta or a Celery schedule
+    if hasattr(schedule, "total_seconds"):
+        return float(schedule.total_seconds())
+    if hasattr(schedule, "run_every"):
+        return float(schedule.run_every.total_seconds())
+    return float(schedule)
 
 
 # Who runs the periodic passes: Celery beat, or in the embedded mode `manage.py demo_beat` (which
