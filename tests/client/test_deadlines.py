@@ -8,9 +8,11 @@ person when the tool never ran), and one whose answer was lost is asked again by
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -44,13 +46,17 @@ def uvicorn_server(django_db_setup, tmp_path_factory) -> Iterator[Server]:
         yield Server(url, proc.pid)
 
 
-def _database_quiet(timeout: float = 30.0) -> None:
-    """Until no other session of the test database is in a transaction: the thawed server finishes
-    what the freeze held (an ingest, its eager detection pass) before the test's flush TRUNCATEs
-    the tables, which otherwise may deadlock with it ("couldn't be flushed", once in CI)."""
+def _database_quiet(url: str, *, timeout: float = 30.0, still_s: float = 1.0) -> None:
+    """Until the thawed server has done what the freeze held (requests its socket buffered, an
+    ingest and its eager detection pass) before the test's flush TRUNCATEs the tables, which
+    otherwise deadlocks with it ("couldn't be flushed", twice in CI): the server answers a request
+    of ours, then no other session of the test database is in a transaction for `still_s`."""
     from django.db import connection
 
     deadline = time.monotonic() + timeout
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(url + "/api/v1/runs", timeout=timeout).close()
+    quiet_since = None
     with connection.cursor() as cursor:
         while time.monotonic() < deadline:
             cursor.execute(
@@ -58,9 +64,13 @@ def _database_quiet(timeout: float = 30.0) -> None:
                 " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
                 " AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
             )
-            if cursor.fetchone()[0] == 0:
+            if cursor.fetchone()[0]:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= still_s:
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
 
 
 @pytest.fixture
@@ -71,7 +81,7 @@ def server(uvicorn_server) -> Iterator[Server]:
         yield uvicorn_server
     finally:
         uvicorn_server.thaw()
-        _database_quiet()
+        _database_quiet(uvicorn_server.url)
 
 
 @pytest.fixture
