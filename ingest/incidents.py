@@ -282,22 +282,34 @@ def incident_payload(incident: Incident, *, run: Run, verdict_by: str = "") -> I
 # --- what reached the agent ------------------------------------------------------------------------
 
 
-def guard_answer_record(*, tenant_id: int, run_id: str, answer: dict[str, Any], now: datetime) -> None:
+def guard_answer_record(
+    *,
+    tenant_id: int,
+    run_id: str,
+    answer: dict[str, Any],
+    now: datetime,
+    run_pk: int | None = None,
+    guard_checked: bool = False,
+) -> None:
     """Remember that the run uses the guard and which intervention a check answered with.
 
     The intervention delivered is the answer's strongest detection (its hint is what the agent got);
     a check of a terminated run answers with the run's stored terminate, which is delivered too.
+    `run_pk` and `guard_checked`: what the check already read of the run (GuardAnswer), so that an
+    allow on a run marked before costs no query (this runs on every check).
     """
     if not answer.get("run_known"):
         return
-    Run.objects.filter(tenant_id=tenant_id, run_id=run_id, guard_checked_at__isnull=True).update(
-        guard_checked_at=now
-    )
+    if not guard_checked:
+        Run.objects.filter(tenant_id=tenant_id, run_id=run_id, guard_checked_at__isnull=True).update(
+            guard_checked_at=now
+        )
     decision = answer.get("decision")
     if decision not in DELIVERED_DECISIONS:
         return
     found = [d for d in answer.get("detections") or [] if d.get("action") == decision]
-    run_pk = Run.objects.filter(tenant_id=tenant_id, run_id=run_id).values_list("pk", flat=True).first()
+    if run_pk is None:
+        run_pk = Run.objects.filter(tenant_id=tenant_id, run_id=run_id).values_list("pk", flat=True).first()
     if run_pk is None:
         return
     if not found and decision == Detection.Action.TERMINATE:

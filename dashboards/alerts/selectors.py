@@ -303,9 +303,18 @@ class IncidentFilters:
 
     @property
     def narrowed(self) -> bool:
-        return bool(
-            self.kind or self.backend or self.model or self.action or self.status or self.range
-        ) or bool(self.since or self.until)
+        return any(
+            (
+                self.kind,
+                self.backend,
+                self.model,
+                self.action,
+                self.status,
+                self.range,
+                self.since,
+                self.until,
+            )
+        )
 
     def q(self, *, now: datetime) -> Q:
         q = Q()

@@ -42,6 +42,31 @@ def feedback_payload(detection: Detection) -> FeedbackPayload:
     }
 
 
+def _verdict_values(*, verdict: str, user, note: str, now: datetime) -> dict[str, Any]:
+    """A detection's feedback fields for `verdict` (CLEAR: none); ValueError naming a bad one."""
+    if verdict == CLEAR:
+        return {"feedback": "", "feedback_note": "", "feedback_by": None, "feedback_at": None}
+    if verdict not in Detection.Feedback.values:
+        raise ValueError(f"verdict: must be one of {', '.join(Detection.Feedback.values)} or {CLEAR}")
+    return {
+        "feedback": verdict,
+        "feedback_note": note.strip()[:NOTE_MAX_CHARS],
+        "feedback_by": user,
+        "feedback_at": now,
+    }
+
+
+def _publish(*, tenant_id: int, message: dict[str, Any], what: str) -> None:
+    """To the tenant's open alerts pages, after the commit; the change is stored whatever happens."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(alerts_group(tenant_id), message)
+    except Exception:  # open pages see it on their next load
+        logger.exception("publishing %s failed", what)
+
+
 def detection_feedback_set(
     *, detection: Detection, user, verdict: str, note: str = "", now: datetime | None = None
 ) -> Detection:
@@ -49,14 +74,10 @@ def detection_feedback_set(
 
     The role check is the caller's; the other pages of the tenant are told once it has committed.
     """
-    if verdict == CLEAR:
-        detection.feedback, detection.feedback_note = "", ""
-        detection.feedback_by, detection.feedback_at = None, None
-    else:
-        if verdict not in Detection.Feedback.values:
-            raise ValueError(f"verdict: must be one of {', '.join(Detection.Feedback.values)} or {CLEAR}")
-        detection.feedback, detection.feedback_note = verdict, note.strip()[:NOTE_MAX_CHARS]
-        detection.feedback_by, detection.feedback_at = user, now or timezone.now()
+    for name, value in _verdict_values(
+        verdict=verdict, user=user, note=note, now=now or timezone.now()
+    ).items():
+        setattr(detection, name, value)
     with transaction.atomic():
         detection.save(update_fields=["feedback", "feedback_note", "feedback_by", "feedback_at"])
         # The overview reads the verdicts of rolled hours from the rollup: this hour is read live until
@@ -64,20 +85,10 @@ def detection_feedback_set(
         rollup_hours_dirty(times=[detection.ts])
         payload = feedback_payload(detection)
         tenant_id = detection.tenant_id
-        transaction.on_commit(lambda: _feedback_publish(tenant_id=tenant_id, payload=payload))
+        message = {"type": FEEDBACK_MESSAGE, "feedback": payload}
+        what = f"feedback on detection {payload['id']}"
+        transaction.on_commit(lambda: _publish(tenant_id=tenant_id, message=message, what=what))
     return detection
-
-
-def _feedback_publish(*, tenant_id: int, payload: FeedbackPayload) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(
-            alerts_group(tenant_id), {"type": FEEDBACK_MESSAGE, "feedback": payload}
-        )
-    except Exception:  # the verdict is stored; open pages see it on their next load
-        logger.exception("publishing feedback on detection %s failed", payload["id"])
 
 
 # A Channels message type of our own on the tenant's alerts group (the consumer's incident_verdict).
@@ -112,25 +123,8 @@ def incident_verdict_set(
     Its detections carry the same verdict: the false-alarm rate, the precision that keeps a kind in
     shadow and the threshold preview count detections. The role check is the caller's.
     """
-    now = now or timezone.now()
-    if verdict == CLEAR:
-        values: dict[str, Any] = {
-            "feedback": "",
-            "feedback_note": "",
-            "feedback_by": None,
-            "feedback_at": None,
-        }
-        incident.status = Incident.Status.OPEN
-    else:
-        if verdict not in Detection.Feedback.values:
-            raise ValueError(f"verdict: must be one of {', '.join(Detection.Feedback.values)} or {CLEAR}")
-        values = {
-            "feedback": verdict,
-            "feedback_note": note.strip()[:NOTE_MAX_CHARS],
-            "feedback_by": user,
-            "feedback_at": now,
-        }
-        incident.status = Incident.Status.RESOLVED
+    values = _verdict_values(verdict=verdict, user=user, note=note, now=now or timezone.now())
+    incident.status = Incident.Status.OPEN if verdict == CLEAR else Incident.Status.RESOLVED
     incident.verdict, incident.verdict_note = values["feedback"], values["feedback_note"]
     incident.verdict_by, incident.verdict_at = values["feedback_by"], values["feedback_at"]
     with transaction.atomic():
@@ -146,17 +140,7 @@ def incident_verdict_set(
             rollup_hours_dirty(times=times)
         payload = incident_verdict_payload(incident)
         tenant_id = incident.tenant_id
-        transaction.on_commit(lambda: _verdict_publish(tenant_id=tenant_id, payload=payload))
+        message = {"type": VERDICT_MESSAGE, "verdict": payload}
+        what = f"the verdict on incident {payload['id']}"
+        transaction.on_commit(lambda: _publish(tenant_id=tenant_id, message=message, what=what))
     return incident
-
-
-def _verdict_publish(*, tenant_id: int, payload: IncidentVerdict) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(
-            alerts_group(tenant_id), {"type": VERDICT_MESSAGE, "verdict": payload}
-        )
-    except Exception:  # the verdict is stored; open pages see it on their next load
-        logger.exception("publishing the verdict on incident %s failed", payload["id"])

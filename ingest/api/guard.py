@@ -230,7 +230,14 @@ class RunCheckApi(APIView):
         body = answer.as_dict()
         # What reached the agent: this run uses the guard, and the intervention this answer carries
         # (shown on the incident and the run's page beside what was only recorded from traces).
-        guard_answer_record(tenant_id=request.user.tenant.pk, run_id=run_id, answer=body, now=timezone.now())
+        guard_answer_record(
+            tenant_id=request.user.tenant.pk,
+            run_id=run_id,
+            answer=body,
+            now=timezone.now(),
+            run_pk=answer.run_pk,
+            guard_checked=answer.guard_checked,
+        )
         metrics.guard_answered(decision=answer.decision, seconds=time.perf_counter() - started)
         return HttpResponse(orjson.dumps(body), content_type="application/json")
 

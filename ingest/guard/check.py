@@ -128,6 +128,9 @@ class GuardAnswer:
     ledger: dict[str, Any] | None = None
     # Set when the answer does not reflect every event of the run: {reason, detail, events_behind}.
     cut_short: dict[str, Any] | None = None
+    # Not in the body: what the check read of the run, for recording what reached the agent.
+    run_pk: int | None = None
+    guard_checked: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -191,7 +194,13 @@ def call_check(
     if declared_write:
         _write_ready(call, kind, may_claim)
     answer = GuardAnswer(
-        "allow", run_known=True, kind=kind, kind_from=kind_from, cut_short=_behind(run, budget_s)
+        "allow",
+        run_known=True,
+        kind=kind,
+        kind_from=kind_from,
+        cut_short=_behind(run, budget_s),
+        run_pk=run.pk,
+        guard_checked=run.guard_checked,
     )
 
     if run.status == Run.Status.WAITING:
@@ -365,6 +374,7 @@ class _RunView:
     last_progress_step: int
     events_count: int
     handoff: dict[str, Any] | None
+    guard_checked: bool  # a check has answered for this run before (ingest.incidents)
     position: int
     engine_state: dict[str, Any] | None
     failures: int = 0  # the cursor's quarantine (ingest.services)
@@ -378,7 +388,7 @@ _RUN_VIEW_FIELDS = tuple(f.name for f in fields(_RunView))
 _RUN_VIEW_SQL = f"""
 SELECT r.id, r.tenant_id, r.backend, r.model, r.task_type, r.status, r.terminated_by, r.budget_type,
        r.reason, r.rounds, r.tool_calls, r.tool_errors, r.cost_usd, r.last_progress_step, r.events_count,
-       r.handoff, COALESCE(c.position, 0), c.engine_state, COALESCE(c.failures, 0), COALESCE(c.error, ''),
+       r.handoff, r.guard_checked_at IS NOT NULL, COALESCE(c.position, 0), c.engine_state, COALESCE(c.failures, 0), COALESCE(c.error, ''),
        c.retry_at
 FROM {Run._meta.db_table} r LEFT JOIN {Run._meta.get_field("cursor").related_model._meta.db_table} c
   ON c.run_id = r.id

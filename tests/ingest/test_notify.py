@@ -10,6 +10,7 @@ import json
 
 import pytest
 from django.core import mail
+from prometheus_client import REGISTRY
 
 from ingest.models import Detection, Incident, NotificationDelivery, NotificationRule
 from ingest.notify import SIGNATURE_HEADER, TIMESTAMP_HEADER, notification_send, rule_matches, rule_test_send
@@ -86,13 +87,23 @@ def test_a_webhook_is_signed_and_notified_once_per_escalation_step(
     assert NotificationDelivery.objects.filter(rule=rule).count() == 3 and len(receiver.received) == 3
 
 
+def _delivered(outcome: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "loopwatch_notification_deliveries_total", {"channel": "webhook", "outcome": outcome}
+    )
+    return value or 0.0
+
+
 def test_a_failing_receiver_is_tried_again_with_a_log_of_its_answers(
     tenant, receiver, allow_local, django_capture_on_commit_callbacks
 ):
     receiver.answers = [500, 503]
     rule = _rule(tenant, receiver)
+    before = {outcome: _delivered(outcome) for outcome in ("sent", "failed", "dropped")}
     _process(tenant, _loop("flaky", 3), django_capture_on_commit_callbacks)
     delivery = NotificationDelivery.objects.get(rule=rule)
+    # every attempt is counted in loopwatch_notification_deliveries: two failed, then one sent
+    assert {o: _delivered(o) - n for o, n in before.items()} == {"sent": 1, "failed": 2, "dropped": 0}
     # eager Celery runs the retries at once; a worker waits RETRY_AFTER_S between them
     assert (delivery.status, delivery.attempts, delivery.status_code) == ("sent", 3, 200)
     assert [entry["status_code"] for entry in delivery.log] == [500, 503, 200]
