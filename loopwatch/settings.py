@@ -62,8 +62,6 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    # The dashboards' GETs read from DATABASE_REPLICA_URL when set (loopwatch/db/replica.py).
-    "loopwatch.db.replica.ReplicaReadsMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that failed on the database answers 503 with Retry-After (docs/operations.md).
@@ -122,6 +120,12 @@ if DATABASE_REPLICA_URL:
     if not DATABASE_URL or not DATABASE_URL.startswith(("postgres", "pgsql")):
         raise ImproperlyConfigured("DATABASE_REPLICA_URL: needs a PostgreSQL DATABASE_URL (the primary)")
     DATABASES["replica"] = database_from_url("DATABASE_REPLICA_URL", DATABASE_REPLICA_URL)
+    # The dashboards' GETs read from it (loopwatch/db/replica.py), after authentication (the pin is
+    # per browser); without a replica no request pays for resolving its view twice.
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+        "loopwatch.db.replica.ReplicaReadsMiddleware",
+    )
     # Tests make no database of their own for it: it is the primary's (a copy of it).
     DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
     DATABASE_ROUTERS = ["loopwatch.db.replica.ReplicaRouter"]
