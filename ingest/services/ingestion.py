@@ -4,6 +4,7 @@ transaction, then queue detection of the runs it touched."""
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import operator
 from collections import Counter, defaultdict
@@ -37,6 +38,8 @@ from ingest.services.postgres import (
     _PriceBook,
     _take_fields,
     _take_sql,
+    int_array,
+    text_array,
 )
 
 
@@ -361,19 +364,79 @@ def _price(changed: dict, unpriced: dict[int, list[tuple[int, int]]], book_class
         run.cost_usd = min(run.cost_usd + sum(price.cost(i, o) for i, o in usage), MAX_TOTAL_USD)
 
 
+class _RunPks:
+    """The pks of runs this process has stored or read, by (tenant pk, run_id): a batch locks its
+    runs by pk, and looks up by run_id only those it has not seen. Bounded: past `size` entries the
+    oldest quarter goes. A run deleted since (retention, an empty run dropped) is found missing by
+    the lock, forgotten and looked up again."""
+
+    def __init__(self, size: int = 200_000) -> None:
+        self.size = size
+        self.pks: dict[tuple[int, str], int] = {}
+
+    def learn(self, tenant_pk: int, pairs: Iterable[tuple[str, int]]) -> None:
+        pks = self.pks
+        for run_id, pk in pairs:
+            pks[(tenant_pk, run_id)] = pk
+        if len(pks) > self.size:
+            for key in list(itertools.islice(pks, len(pks) - self.size * 3 // 4)):
+                del pks[key]
+
+    def forget(self, tenant_pk: int, run_ids: Iterable[str]) -> None:
+        for run_id in run_ids:
+            self.pks.pop((tenant_pk, run_id), None)
+
+
+_RUN_PKS = _RunPks()
+
+
 def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tuple]]:
-    """Create the runs among these (sorted) that are not stored, then lock them all in pk order, in
-    one round trip (PostgreSQL): (pks created, [(run_id, pk, events_count, cost_usd, backend, model)]).
+    """Create the runs among these (sorted) that are not stored, then lock them all in pk order
+    (PostgreSQL): (pks created, [(run_id, pk, events_count, cost_usd, backend, model)]).
 
     Inserts first, then locks: a batch waits on another's new run only while it holds no lock, and
     locks in pk order, so concurrent batches sharing runs cannot deadlock. Row locks take no slot of
-    PostgreSQL's shared lock table, whatever the number of runs."""
-    insert, lock = _take_sql()
-    template = Run(tenant_id=tenant_pk)
-    defaults = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in _take_fields()]
-    ids = orjson.dumps(run_ids).decode()
-    created, locked = statements_run([(insert, [*defaults, ids, tenant_pk]), (lock, [tenant_pk, ids])])
-    return [row[0] for row in created or ()], locked or []
+    PostgreSQL's shared lock table, whatever the number of runs. The runs this process knows are
+    locked by pk in one round trip; the others first cost one more (insert and look up)."""
+    insert, find, lock = _take_sql()
+    known = _RUN_PKS.pks
+    pks: dict[str, int] = {}
+    unknown: list[str] = []
+    for run_id in run_ids:
+        pk = known.get((tenant_pk, run_id))
+        if pk is None:
+            unknown.append(run_id)
+        else:
+            pks[run_id] = pk
+    created: list[int] = []
+    if unknown:
+        template = Run(tenant_id=tenant_pk)
+        defaults = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in _take_fields()]
+        inserted, found = statements_run(
+            [
+                (insert, [*defaults, orjson.dumps(unknown).decode()]),
+                (find, [tenant_pk, text_array(unknown)]),
+            ]
+        )
+        created = [pk for pk, _ in inserted or ()]
+        pks.update(found or ())
+        # Learnt when the transaction commits: a batch rolled back leaves no pk of a run never stored.
+        transaction.on_commit(lambda: _RUN_PKS.learn(tenant_pk, found or ()))
+    with connection.cursor() as cursor:
+        cursor.execute(lock, [int_array(sorted(pks.values())), tenant_pk])
+        locked = [row for row in cursor.fetchall() if pks.get(row[0]) == row[1]]
+    if len(locked) < len(run_ids):
+        # Runs deleted since this process saw them (or a pk that is now another run's, after a
+        # restore): forgotten, and taken again as new (a row locked for nothing is let go at the
+        # commit).
+        gone = set(run_ids).difference(row[0] for row in locked)
+        if gone.issubset(unknown):
+            raise RuntimeError(f"runs {sorted(gone)[:5]} neither inserted nor found")  # deleted meanwhile
+        _RUN_PKS.forget(tenant_pk, gone)
+        more_created, more = _runs_take(tenant_pk, sorted(gone))
+        created += more_created
+        locked += more
+    return created, locked
 
 
 _FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
