@@ -69,7 +69,7 @@ class SimStream:
     as they are taken (a 30-minute soak's events would not fit in memory made ahead)."""
 
     def __init__(self, seed: int, pool: int, prefix: str) -> None:
-        from ingest.simulation import run_generate
+        from demo.simulation.mix import run_generate
 
         self._generate = run_generate
         self.rng = random.Random(seed)

@@ -60,15 +60,17 @@ class ConfigChange(models.Model):
 
 
 class RollupHour(models.Model):
-    """A closed UTC hour whose rollup rows are built, for every tenant at once.
+    """A UTC hour whose rollup rows are built, for every tenant at once.
 
     The overview reads the rows of an hour with a clean marker instead of that hour's runs and
     detections; an hour without a marker, or marked dirty (a verdict changed, late data), is read
     live. running/waiting: the hour's runs in those states when it was rolled (a change of either,
-    by the guard say, makes the hour due again).
+    by the guard say, makes the hour due again). until: where the rolled part ends, the hour's end
+    once it is closed; the open hour is rolled up to a minute of the pass (null: the whole hour).
     """
 
     hour = models.DateTimeField(unique=True)
+    until = models.DateTimeField(null=True, blank=True)
     rolled_at = models.DateTimeField()
     dirty = models.BooleanField(default=False)
     running = models.PositiveIntegerField(default=0)
@@ -126,6 +128,34 @@ class RunRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.hour:%Y-%m-%d %H:00} {self.backend}/{self.task_type}: {self.runs}"
+
+
+class TailRollup(models.Model):
+    """Finished runs started in one hour, per tenant, filter values and task type, counted per value
+    of a metric (model rounds or tool calls): the long-tail chart's histograms."""
+
+    class Metric(models.TextChoices):
+        ROUNDS = "rounds"
+        TOOL_CALLS = "tool_calls"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, related_name="+")
+    hour = models.DateTimeField()
+    backend = models.CharField(max_length=100)
+    model = models.CharField(max_length=200, blank=True)
+    task_type = models.CharField(max_length=100)
+    agent = models.CharField(max_length=200, blank=True)
+    metric = models.CharField(max_length=16, choices=Metric.choices)
+    value = models.IntegerField()
+    n = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "hour"], name="tailrollup_tenant_hour"),
+            models.Index(fields=["hour"], name="tailrollup_hour"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.hour:%Y-%m-%d %H:00} {self.task_type} {self.metric}={self.value}: {self.n}"
 
 
 class DetectionRollup(models.Model):

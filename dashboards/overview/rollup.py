@@ -1,4 +1,4 @@
-"""The overview's hourly rollup: closed hours of runs and detections summed once, read by every page.
+"""The overview's hourly rollup: hours of runs and detections summed once, read by every page.
 
 An hour is rolled for every tenant at once, in one transaction under the lock of its RollupHour
 row: its rows are deleted and built again from the runs that started in it and the detections whose
@@ -6,6 +6,11 @@ event fell in it. Rolling an hour twice, or from two workers at once, gives the 
 waits for the first, then replaces its rows). The page reads the rolled hours from here and every
 other part of its range (the open hour, the range's ragged ends, hours not rolled yet or dirty) from
 the runs and detections themselves, so the figures never depend on whether a pass has run.
+
+The open hour is rolled too, up to the minute OPEN_GRACE before the pass (RollupHour.until), again at
+every pass: the page reads only the minutes since live, so its time does not grow with the hour's
+data. A run started in the rolled part that changes (an event, a finish) shows its new figures from
+the next pass on (LOOPWATCH_ROLLUP_EVERY_S), as a late change to a closed hour does.
 
 Late data. Runs change after their hour has closed (they finish, cost more, loop); detections and
 verdicts arrive for old hours. A pass finds the hours to roll again without any hook in ingest:
@@ -29,12 +34,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q
 
-from dashboards.models import DetectionRollup, RollupHour, RollupState, RunRollup
+from dashboards.models import DetectionRollup, RollupHour, RollupState, RunRollup, TailRollup
 from dashboards.overview.selectors import (
     FINISHED,
     HOUR,
+    MINUTE,
     QUARTER,
     EpochBucket,
     bucket_of,
@@ -57,15 +63,19 @@ MAX_HOURS_PER_PASS = 24 * 7
 # Hours older than this are never rolled (a custom range there is read live, as before).
 ROLLUP_DAYS = 400
 UNSETTLED = (Run.Status.RUNNING, Run.Status.WAITING)
+# The open hour is rolled up to the minute this long before the pass: the first batch of a run that
+# started in the last seconds may still be on its way (an exporter sends every few seconds).
+OPEN_GRACE = timedelta(seconds=60)
 
 
 def hour_of(when: datetime) -> datetime:
     return bucket_of(when, HOUR)
 
 
-def rollup_hour_build(*, hour: datetime, now: datetime) -> int:
-    """Build the rollup rows of one closed hour (all tenants) again; returns how many rows it holds."""
-    end = hour + HOUR
+def rollup_hour_build(*, hour: datetime, now: datetime, until: datetime | None = None) -> int:
+    """Build the rollup rows of one hour (all tenants) again, up to `until` (the open hour; None:
+    the whole hour); returns how many rows it holds."""
+    end = min(until, hour + HOUR) if until is not None else hour + HOUR
     with transaction.atomic():
         # The marker first, locked: a second roll of the same hour waits here, then replaces these rows.
         RollupHour.objects.bulk_create(
@@ -74,14 +84,17 @@ def rollup_hour_build(*, hour: datetime, now: datetime) -> int:
         marker = RollupHour.objects.select_for_update().get(hour=hour)
         RunRollup.objects.filter(hour=hour).delete()
         DetectionRollup.objects.filter(hour=hour).delete()
+        TailRollup.objects.filter(hour=hour).delete()
         runs, running, waiting = _run_cells(hour, end)
         detections = _detection_cells(hour, end)
+        tails = _tail_cells(hour, end)
         RunRollup.objects.bulk_create(runs, batch_size=500)
         DetectionRollup.objects.bulk_create(detections, batch_size=500)
+        TailRollup.objects.bulk_create(tails, batch_size=1000)
         RollupHour.objects.filter(pk=marker.pk).update(
-            rolled_at=now, dirty=False, running=running, waiting=waiting
+            rolled_at=now, dirty=False, running=running, waiting=waiting, until=end
         )
-    return len(runs) + len(detections)
+    return len(runs) + len(detections) + len(tails)
 
 
 def _run_cells(start: datetime, end: datetime) -> tuple[list[RunRollup], int, int]:
@@ -171,6 +184,33 @@ def _detection_cells(start: datetime, end: datetime) -> list[DetectionRollup]:
     return list(cells.values())
 
 
+def _tail_cells(start: datetime, end: datetime) -> list[TailRollup]:
+    """The finished runs started in [start, end) counted per value of each long-tail metric."""
+    cells = []
+    finished = Run.objects.filter(started_at__gte=start, started_at__lt=end, status__in=FINISHED)
+    for metric in TailRollup.Metric:
+        rows = (
+            finished.values_list("tenant_id", "backend", "model", "task_type", "agent", metric.value)
+            .annotate(n=Count("*"))
+            .order_by()
+        )
+        for tenant_id, backend, model, task_type, agent, value, n in rows:
+            cells.append(
+                TailRollup(
+                    tenant_id=tenant_id,
+                    hour=start,
+                    backend=backend,
+                    model=model,
+                    task_type=task_type,
+                    agent=agent,
+                    metric=metric.value,
+                    value=value,
+                    n=n,
+                )
+            )
+    return cells
+
+
 def rollup_hours_dirty(*, times: list[datetime]) -> int:
     """Mark the rolled hours holding these times dirty: the page reads them live until rolled again."""
     hours = {hour_of(when) for when in times if when is not None}
@@ -242,13 +282,15 @@ def _first_data_hour(*, tenant_ids: list[int], oldest: datetime) -> datetime | N
 
 
 def rollup_pass(*, now: datetime, max_hours: int | None = MAX_HOURS_PER_PASS) -> int:
-    """Roll the closed hours that need it; returns how many hours it rolled.
+    """Roll the hours that need it; returns how many hours it rolled.
 
     1. Mark dirty the rolled hours that changed since the previous pass (minus OVERLAP), and record
        this pass's start as the new mark.
-    2. Due: the dirty hours and the closed hours since the first run or detection (at most
-       ROLLUP_DAYS back) that were never rolled.
+    2. Due: the dirty hours, the closed hours rolled only in part (while they were open), and the
+       closed hours since the first run or detection (at most ROLLUP_DAYS back) that were never
+       rolled.
     3. Roll them, newest first, at most max_hours (None: all); the rest stay due for the next pass.
+    4. Roll the open hour up to the minute OPEN_GRACE before `now`.
     """
     closed = hour_of(now)
     # Never an hour rollups_purge would delete again.
@@ -260,10 +302,11 @@ def rollup_pass(*, now: datetime, max_hours: int | None = MAX_HOURS_PER_PASS) ->
     if changed:
         RollupHour.objects.filter(hour__in=changed, dirty=False).update(dirty=True)
     RollupState.objects.update_or_create(name=STATE, defaults={"checked_at": now})
+    hour_end = ExpressionWrapper(F("hour") + HOUR, output_field=DateTimeField())
     due = set(
-        RollupHour.objects.filter(dirty=True, hour__gte=oldest, hour__lt=closed).values_list(
-            "hour", flat=True
-        )
+        RollupHour.objects.filter(Q(dirty=True) | Q(until__lt=hour_end), hour__gte=oldest, hour__lt=closed)
+        .values_list("hour", flat=True)
+        .order_by()
     )
     first = _first_data_hour(tenant_ids=tenant_ids, oldest=oldest)
     if first is not None and first < closed:
@@ -279,6 +322,10 @@ def rollup_pass(*, now: datetime, max_hours: int | None = MAX_HOURS_PER_PASS) ->
         rollup_hour_build(hour=hour, now=now)
     if hours:
         logger.info("overview rollup: %d hours rolled, %d still due", len(hours), len(due) - len(hours))
+    until = bucket_of(now - OPEN_GRACE, MINUTE)
+    if until > closed:
+        rollup_hour_build(hour=closed, now=now, until=until)
+        return len(hours) + 1
     return len(hours)
 
 
@@ -288,6 +335,7 @@ def rollup_clear() -> None:
         RollupHour.objects.all().delete()
         RunRollup.objects.all().delete()
         DetectionRollup.objects.all().delete()
+        TailRollup.objects.all().delete()
         RollupState.objects.filter(name=STATE).delete()
 
 
@@ -298,5 +346,6 @@ def rollups_purge(*, now: datetime) -> int:
     with transaction.atomic():
         RunRollup.objects.filter(hour__lt=oldest).delete()
         DetectionRollup.objects.filter(hour__lt=oldest).delete()
+        TailRollup.objects.filter(hour__lt=oldest).delete()
         deleted, _ = RollupHour.objects.filter(hour__lt=oldest).delete()
     return deleted

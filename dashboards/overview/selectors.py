@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.db.models import BigIntegerField, Count, F, Func, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from dashboards.models import ConfigChange, DetectionRollup, RollupHour, RunRollup
+from dashboards.models import ConfigChange, DetectionRollup, RollupHour, RunRollup, TailRollup
 from dashboards.overview.filters import FilterOptions, OverviewFilters
 from dashboards.queue.selectors import has_reconciler, needs_person_q
 from ingest.models import Detection, Operation, Run
@@ -86,6 +86,7 @@ UNKNOWN_AGES = (
     ("> 1 day", None),
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
 QUARTER = timedelta(minutes=15)  # the rollup's finest time: steps of 15 and 30 minutes read its quarters
 DIMENSIONS = ("backend", "model", "task_type", "agent")
@@ -195,20 +196,24 @@ class Coverage:
 
 
 def coverage(*, f: OverviewFilters) -> Coverage:
-    """The clean rolled hours wholly inside the range, as intervals, and the rest of the range."""
+    """The clean rolled parts of hours inside the range, as intervals, and the rest of the range. A
+    rolled part is a whole closed hour, or the open hour up to where the last pass rolled it."""
     whole = Coverage(live=((f.start, f.end),))
     if f.step % QUARTER:  # minute steps (the hour range): finer than the rollup's quarters
         return whole
     first, last = bucket_of(f.start + HOUR - timedelta(microseconds=1), HOUR), bucket_of(f.end, HOUR)
-    if first >= last:
+    if first > last:
         return whole
-    hours = RollupHour.objects.filter(hour__gte=first, hour__lt=last, dirty=False).order_by("hour")
+    hours = RollupHour.objects.filter(hour__gte=first, hour__lte=last, dirty=False).order_by("hour")
     rolled: list[list[datetime]] = []
-    for hour in hours.values_list("hour", flat=True):
+    for hour, until in hours.values_list("hour", "until"):
+        end = min(until, hour + HOUR) if until is not None else hour + HOUR
+        if end <= hour or end > f.end:  # nothing rolled, or past the range's end
+            continue
         if rolled and rolled[-1][1] == hour:
-            rolled[-1][1] = hour + HOUR
+            rolled[-1][1] = end
         else:
-            rolled.append([hour, hour + HOUR])
+            rolled.append([hour, end])
     if not rolled:
         return whole
     live, at = [], f.start
@@ -366,21 +371,37 @@ def run_figures(*, f: OverviewFilters, cover: Coverage | None = None) -> dict[st
     }
 
 
-def tail_histograms(*, f: OverviewFilters) -> dict[str, dict[str, dict[int, int]]]:
-    """{metric: {task type: {value: finished runs}}} for rounds and tool calls, from one grouped scan."""
+def tail_histograms(
+    *, f: OverviewFilters, cover: Coverage | None = None
+) -> dict[str, dict[str, dict[int, int]]]:
+    """{metric: {task type: {value: finished runs}}} for rounds and tool calls: rolled hours from the
+    rollup's counts per value, the rest from one grouped scan of the runs."""
+    cover = cover or coverage(f=f)
     out: dict[str, dict[str, dict[int, int]]] = {"rounds": {}, "tool_calls": {}}
-    rows = (
-        runs_in_range(f=f)
-        .filter(status__in=FINISHED)
-        .values_list("task_type", "rounds", "tool_calls")
-        .annotate(n=Count("*"))
-        .order_by()
-    )
-    for task_type, rounds, calls, n in _rows(rows):
-        per_rounds = out["rounds"].setdefault(task_type, {})
-        per_rounds[rounds] = per_rounds.get(rounds, 0) + n
-        per_calls = out["tool_calls"].setdefault(task_type, {})
-        per_calls[calls] = per_calls.get(calls, 0) + n
+    if cover.live:
+        rows = (
+            runs_in_range(f=f)
+            .filter(_within("started_at", cover.live), status__in=FINISHED)
+            .values_list("task_type", "rounds", "tool_calls")
+            .annotate(n=Count("*"))
+            .order_by()
+        )
+        for task_type, rounds, calls, n in _rows(rows):
+            per_rounds = out["rounds"].setdefault(task_type, {})
+            per_rounds[rounds] = per_rounds.get(rounds, 0) + n
+            per_calls = out["tool_calls"].setdefault(task_type, {})
+            per_calls[calls] = per_calls.get(calls, 0) + n
+    if cover.rolled:
+        rolled = (
+            _filtered(TailRollup.objects.filter(tenant_id__in=f.tenant_ids), f)
+            .filter(_within("hour", cover.rolled))
+            .values_list("metric", "task_type", "value")
+            .annotate(Sum("n"))
+            .order_by()
+        )
+        for metric, task_type, value, n in _rows(rolled):
+            per_value = out[metric].setdefault(task_type, {})
+            per_value[value] = per_value.get(value, 0) + n
     return out
 
 

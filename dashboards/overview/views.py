@@ -136,7 +136,7 @@ def _figures(f: OverviewFilters, context: dict, now: datetime) -> None:
         budget_type, budget_task = charts.budget_share_charts(runs["budget_rows"], time_axis)
         figures["budget_type"] = charts.with_change_marks(budget_type, changes)
         figures["budget_task"] = charts.with_change_marks(budget_task, changes)
-        histograms = tail_histograms(f=f)
+        histograms = tail_histograms(f=f, cover=cover)
         context["tail_table"] = charts.tail_table(histograms)
         if histograms[f.metric]:
             figures["tail"] = charts.long_tail_chart(

@@ -16,7 +16,7 @@ from django.db import connection
 from django.http import QueryDict
 
 from dashboards.alerts.services import detection_feedback_set
-from dashboards.models import DetectionRollup, RollupHour, RunRollup
+from dashboards.models import DetectionRollup, RollupHour, RunRollup, TailRollup
 from dashboards.overview import selectors
 from dashboards.overview.filters import filters_parse
 from dashboards.overview.rollup import MAX_HOURS_PER_PASS, rollup_hour_build, rollup_pass
@@ -125,6 +125,7 @@ def _figures(tenants, query: str) -> dict:
             (r["bucket"], r["backend"], r["model"], r["kind"], r["n"]) for r in detections["series"]
         ),
         "totals_detections": sorted(tuple(r.values()) for r in detections["totals"]),
+        "tail": selectors.tail_histograms(f=f),
     }
 
 
@@ -162,11 +163,14 @@ def test_rolled_hours_give_the_live_figures_for_every_range_and_filter(tenant, o
         minute=0, second=0, microsecond=0
     )
     closed = NOW.replace(minute=0, second=0)
-    # every closed hour since the first run, newest first, a week per pass; the open hour is left out
-    assert rollup_pass(now=NOW) == MAX_HOURS_PER_PASS
-    assert rollup_pass(now=NOW) == (closed - first) // HOUR - MAX_HOURS_PER_PASS
-    assert rollup_pass(now=NOW) == 0
-    assert not RollupHour.objects.filter(hour__gte=NOW - HOUR).exists()
+    # every closed hour since the first run, newest first, a week per pass, and each pass the open
+    # hour up to the minute a minute before it
+    assert rollup_pass(now=NOW) == MAX_HOURS_PER_PASS + 1
+    assert rollup_pass(now=NOW) == (closed - first) // HOUR - MAX_HOURS_PER_PASS + 1
+    assert rollup_pass(now=NOW) == 1
+    assert list(RollupHour.objects.filter(hour__gte=NOW - HOUR).values_list("hour", "until")) == [
+        (closed, datetime(2026, 11, 29, 12, 36, tzinfo=UTC))
+    ]
     for query in QUERIES:
         f = _filters([tenant], query)
         cover = selectors.coverage(f=f)
@@ -184,12 +188,12 @@ def test_coverage_reads_the_ragged_ends_and_unrolled_or_dirty_hours_live(tenant,
         (NOW - timedelta(days=1), datetime(2026, 11, 28, 13, tzinfo=UTC)),
         (datetime(2026, 11, 28, 20, tzinfo=UTC), datetime(2026, 11, 28, 21, tzinfo=UTC)),
         (datetime(2026, 11, 29, 3, tzinfo=UTC), datetime(2026, 11, 29, 4, tzinfo=UTC)),
-        (datetime(2026, 11, 29, 12, tzinfo=UTC), NOW),
+        (datetime(2026, 11, 29, 12, 36, tzinfo=UTC), NOW),  # the minutes since the open hour was rolled
     )
     assert cover.rolled == (
         (datetime(2026, 11, 28, 13, tzinfo=UTC), datetime(2026, 11, 28, 20, tzinfo=UTC)),
         (datetime(2026, 11, 28, 21, tzinfo=UTC), datetime(2026, 11, 29, 3, tzinfo=UTC)),
-        (datetime(2026, 11, 29, 4, tzinfo=UTC), datetime(2026, 11, 29, 12, tzinfo=UTC)),
+        (datetime(2026, 11, 29, 4, tzinfo=UTC), datetime(2026, 11, 29, 12, 36, tzinfo=UTC)),
     )
     assert _figures([tenant], "range=day") == _approx(_live_figures(tenant, "range=day"))
 
@@ -198,7 +202,7 @@ def test_rolling_again_or_twice_gives_the_same_rows(tenant, data):
     rollup_pass(now=NOW, max_hours=None)
     first = _rows()
     assert first[0] and first[1]
-    assert rollup_pass(now=NOW + timedelta(seconds=30)) == 0  # nothing changed, nothing due
+    assert rollup_pass(now=NOW + timedelta(seconds=30)) == 1  # nothing changed: the open hour only
     hour = datetime(2026, 11, 27, 15, tzinfo=UTC)
     rollup_hour_build(hour=hour, now=NOW)
     rollup_hour_build(hour=hour, now=NOW)
@@ -242,7 +246,7 @@ def test_a_run_finishing_after_its_hour_was_rolled_is_counted_by_the_next_pass(t
         cursor.position = 5
         cursor.save()
     hour = datetime(2026, 11, 28, 3, tzinfo=UTC)
-    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 1
+    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 2  # and the open hour
     assert not RollupHour.objects.get(hour=hour).dirty
     live_now = _live_figures(tenant, "range=week")
     assert _figures([tenant], "range=week") == _approx(live_now)
@@ -268,7 +272,7 @@ def test_a_detection_stored_late_for_an_old_hour_is_counted_by_the_next_pass(ten
     before = _figures([tenant], "range=week")
     with _later():
         _detection(run, 999, random.Random(1), ts=datetime(2026, 11, 26, 8, 30, tzinfo=UTC))
-    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 1
+    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 2  # and the open hour
     after = _figures([tenant], "range=week")
     assert after == _approx(_live_figures(tenant, "range=week"))
     assert (
@@ -288,7 +292,7 @@ def test_a_verdict_on_a_rolled_hour_shows_at_once_and_after_the_next_pass(tenant
     assert RollupHour.objects.get(hour=hour).dirty  # read live until rolled again
     expected = _live_figures(tenant, "range=week")
     assert _figures([tenant], "range=week") == _approx(expected)
-    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 1
+    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 2  # and the open hour
     assert not RollupHour.objects.get(hour=hour).dirty
     assert _figures([tenant], "range=week") == _approx(expected)
 
@@ -297,7 +301,7 @@ def test_a_run_handed_to_a_person_without_an_event_makes_its_hour_due(tenant, da
     rollup_pass(now=NOW, max_hours=None)
     run = next(r for r in data["mine"] if r.status == "running" and r.started_at < NOW - 2 * HOUR)
     Run.objects.filter(pk=run.pk).update(status="waiting")  # what the guard does; no cursor moves
-    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 1
+    assert rollup_pass(now=NOW + timedelta(minutes=3)) == 2  # and the open hour
     assert _figures([tenant], "range=week") == _approx(_live_figures(tenant, "range=week"))
 
 
@@ -373,3 +377,71 @@ def test_rollups_older_than_their_retention_are_deleted(tenant, settings):
     assert list(RollupHour.objects.values_list("hour", flat=True)) == [
         kept.replace(minute=0, second=0, microsecond=0)
     ]
+
+
+def _open_hour_run(tenant, run_id: str, started: datetime, **figures) -> Run:
+    run = Run.objects.create(
+        tenant=tenant,
+        run_id=run_id,
+        backend="openai",
+        model="m1",
+        task_type="faq",
+        status=figures.pop("status", "succeeded"),
+        started_at=started,
+        rounds=figures.pop("rounds", 7),
+        tool_calls=figures.pop("tool_calls", 11),
+        events_count=20,
+        cost_usd=figures.pop("cost_usd", 0.25),
+    )
+    RunCursor.objects.create(run=run, position=run.events_count)
+    return run
+
+
+def test_the_open_hour_is_rolled_up_to_a_minute_before_the_pass_and_read_live_after(tenant, data):
+    _open_hour_run(tenant, "early", datetime(2026, 11, 29, 12, 5, tzinfo=UTC), rounds=90)
+    _open_hour_run(tenant, "just-before", datetime(2026, 11, 29, 12, 35, 59, tzinfo=UTC), rounds=91)
+    _open_hour_run(tenant, "after", datetime(2026, 11, 29, 12, 36, 30, tzinfo=UTC), rounds=92)
+    live = {query: _figures([tenant], query) for query in ("range=day", "range=week")}
+
+    rollup_pass(now=NOW, max_hours=None)
+
+    marker = RollupHour.objects.get(hour=datetime(2026, 11, 29, 12, tzinfo=UTC))
+    assert marker.until == datetime(2026, 11, 29, 12, 36, tzinfo=UTC) and not marker.dirty
+    rolled_rounds = set(
+        TailRollup.objects.filter(hour=marker.hour, metric="rounds").values_list("value", flat=True)
+    )
+    assert {90, 91} <= rolled_rounds and 92 not in rolled_rounds  # started after `until`: read live
+    cover = selectors.coverage(f=_filters([tenant], "range=day"))
+    assert cover.live[-1] == (marker.until, NOW)
+    for query, figures in live.items():
+        assert _figures([tenant], query) == _approx(figures), query
+    assert selectors.tail_histograms(f=_filters([tenant], "range=day"))["rounds"]["faq"][90] == 1
+
+
+def test_an_hour_rolled_while_open_is_rolled_whole_once_it_has_closed(tenant, data):
+    rollup_pass(now=NOW, max_hours=None)
+    hour = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    assert RollupHour.objects.get(hour=hour).until == datetime(2026, 11, 29, 12, 36, tzinfo=UTC)
+    _open_hour_run(tenant, "late-in-hour", datetime(2026, 11, 29, 12, 50, tzinfo=UTC), rounds=93)
+    later = datetime(2026, 11, 29, 13, 5, tzinfo=UTC)
+    with time_machine.travel(later, tick=False):
+        assert rollup_pass(now=later) == 2  # 12:00 whole, and 13:00 up to 13:04
+        marker = RollupHour.objects.get(hour=hour)
+        assert marker.until == hour + HOUR and not marker.dirty
+        assert TailRollup.objects.filter(hour=hour, metric="rounds", value=93).exists()
+        ids = {tenant.slug: tenant.pk}
+        options = selectors.filter_options(tenant_ids=(tenant.pk,), fresh=True)
+        f = filters_parse(params=QueryDict("range=day"), tenants=ids, options=options, now=later)
+        rolled = selectors.run_figures(f=f)["totals"]
+        tail = selectors.tail_histograms(f=f)
+        RollupHour.objects.update(dirty=True)  # everything live
+        assert selectors.run_figures(f=f)["totals"] == {k: pytest.approx(v) for k, v in rolled.items()}
+        assert selectors.tail_histograms(f=f) == tail
+
+
+def test_the_long_tail_from_the_rollup_is_the_live_one_for_every_range_and_filter(tenant, data):
+    live = {query: selectors.tail_histograms(f=_filters([tenant], query)) for query in QUERIES}
+    rollup_pass(now=NOW, max_hours=None)
+    assert TailRollup.objects.exists()
+    for query in QUERIES:
+        assert selectors.tail_histograms(f=_filters([tenant], query)) == live[query], query
