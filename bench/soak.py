@@ -222,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     parser.add_argument("--port", type=int, default=8767)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
+    parser.add_argument(
+        "--shared-postgres",
+        action="store_true",
+        help="use --database-url as it is; by default the run starts a PostgreSQL cluster of its own, "
+        "configured as in production (autovacuum on, fsync on), and removes it at the end",
+    )
     args = parser.parse_args(argv)
     args.app = "loopwatch.asgi:application"  # for bench/ingest.py's Server
     for name in ("minutes", "events", "rate", "every_events", "every_minutes", "batch", "clients", "pool"):
@@ -234,6 +240,49 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, B.interrupted)
 
+    cluster = None
+    if not args.shared_postgres:
+        # A long run measures what the database becomes under it: a shared server tuned for tests
+        # (this project's machines run theirs with autovacuum off) bloats the runs and cursors
+        # tables with dead rows, and its planner keeps statistics from before the run.
+        try:
+            cluster = _private_postgres()
+        except B.SetupError as exc:
+            print(f"SETUP ERROR: {exc}", file=sys.stderr)
+            return 2
+        args.database_url = cluster.url("loopwatch_soak_bench")
+    try:
+        return _soak(args)
+    finally:
+        if cluster is not None:
+            cluster.remove()
+
+
+def _private_postgres():
+    # The fault suite's cluster (its module reads the test settings, which need Django set up).
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
+    import django
+
+    django.setup()
+    from tests.faults.servers import PrivatePostgres, _pg_bin
+
+    bindir = _pg_bin()
+    if bindir is None:
+        raise B.SetupError(
+            "PostgreSQL's server binaries (initdb, pg_ctl) are not installed; or --shared-postgres"
+        )
+    cluster = PrivatePostgres(bindir)
+    cluster.init()
+    cluster.start(fsync="on", shared_buffers="256MB", max_connections="100")
+    with cluster.connect(autocommit=True) as conn:
+        settings = dict(
+            conn.execute("SELECT name, setting FROM pg_settings WHERE name IN ('autovacuum', 'fsync')")
+        )
+    print(f"private PostgreSQL on port {cluster.port}: {settings}", flush=True)
+    return cluster
+
+
+def _soak(args) -> int:
     env = B.server_env(args)
     env["CELERY_QUEUE"] = f"soak-{os.getpid()}"
     env["ALLOWED_HOSTS"] = HOST
@@ -298,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         window = {"t0": began, "stored0": 0, "lags": [], "busy0": B.system_busy()}
         next_sample = began
         while True:
+            dead = [i for i, proc in enumerate(clients) if proc.exitcode not in (None, 0)]
+            if dead:  # a client that raised sends nothing: the run would measure an idle stack
+                raise B.SetupError(f"load client {dead[0]} exited ({clients[dead[0]].exitcode}); see above")
             now = time.monotonic()
             stored = accepted.value
             finished = stored >= args.events or now - began >= args.minutes * 60

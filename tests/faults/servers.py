@@ -131,10 +131,10 @@ class PrivatePostgres:
     def init(self) -> None:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
 
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses={HOST} -c fsync=off -c max_connections=200"
-        )
+    def start(self, **settings: str) -> None:
+        """Start the server; `settings` add to or replace the defaults (fsync off, 200 connections)."""
+        settings = {"listen_addresses": HOST, "fsync": "off", "max_connections": "200", **settings}
+        options = f"-p {self.port} -k {self.dir} " + " ".join(f"-c {k}={v}" for k, v in settings.items())
         self._run(
             "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start"
         )
