@@ -7,6 +7,7 @@ import copy
 import itertools
 import math
 import operator
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -373,18 +374,22 @@ class _RunPks:
     def __init__(self, size: int = 200_000) -> None:
         self.size = size
         self.pks: dict[tuple[int, str], int] = {}
+        # Requests run on several threads: changes under the lock (a read is one dict lookup).
+        self._lock = threading.Lock()
 
     def learn(self, tenant_pk: int, pairs: Iterable[tuple[str, int]]) -> None:
-        pks = self.pks
-        for run_id, pk in pairs:
-            pks[(tenant_pk, run_id)] = pk
-        if len(pks) > self.size:
-            for key in list(itertools.islice(pks, len(pks) - self.size * 3 // 4)):
-                del pks[key]
+        with self._lock:
+            pks = self.pks
+            for run_id, pk in pairs:
+                pks[(tenant_pk, run_id)] = pk
+            if len(pks) > self.size:
+                for key in list(itertools.islice(pks, len(pks) - self.size * 3 // 4)):
+                    del pks[key]
 
     def forget(self, tenant_pk: int, run_ids: Iterable[str]) -> None:
-        for run_id in run_ids:
-            self.pks.pop((tenant_pk, run_id), None)
+        with self._lock:
+            for run_id in run_ids:
+                self.pks.pop((tenant_pk, run_id), None)
 
 
 _RUN_PKS = _RunPks()
@@ -421,7 +426,7 @@ def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tupl
         created = [pk for pk, _ in inserted or ()]
         pks.update(found or ())
         # Learnt when the transaction commits: a batch rolled back leaves no pk of a run never stored.
-        transaction.on_commit(lambda: _RUN_PKS.learn(tenant_pk, found or ()))
+        transaction.on_commit(lambda: _RUN_PKS.learn(tenant_pk, found or ()), robust=True)
     with connection.cursor() as cursor:
         cursor.execute(lock, [int_array(sorted(pks.values())), tenant_pk])
         locked = [row for row in cursor.fetchall() if pks.get(row[0]) == row[1]]

@@ -83,3 +83,36 @@ def test_the_pks_kept_are_bounded(needs_postgres, tenant):
     assert len(pks.pks) <= 100
     assert pks.pks[(tenant.pk, "r-249")] == 249  # the newest stay
     assert (tenant.pk, "r-0") not in pks.pks
+
+
+def test_threads_learning_and_forgetting_at_once_lose_nothing_they_keep(needs_postgres, tenant):
+    """Requests run on several threads of a process: without the lock, an eviction iterating the
+    dict while another thread adds to it raised (24 times in 5 rounds here)."""
+    import sys
+    import threading
+
+    pks = type(_RUN_PKS)(size=100)
+    errors: list[BaseException] = []
+
+    def churn(worker: int) -> None:
+        try:
+            for n in range(3_000):
+                pks.learn(tenant.pk, [(f"w{worker}-r{n}", n)])
+                if n % 7 == 0:
+                    pks.forget(tenant.pk, [f"w{worker}-r{n - 3}"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        threads = [threading.Thread(target=churn, args=(w,)) for w in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert 60 <= len(pks.pks) <= 100  # evicted down to three quarters (then a few forgotten)
+    assert all(pk == int(run_id.rsplit("-r", 1)[1]) for (_, run_id), pk in pks.pks.items())
