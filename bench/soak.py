@@ -259,14 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _private_postgres():
-    # The fault suite's cluster (its module reads the test settings, which need Django set up).
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
-    import django
+    from tests.faults.servers import PrivatePostgres, pg_bin  # the fault suite's private cluster
 
-    django.setup()
-    from tests.faults.servers import PrivatePostgres, _pg_bin
-
-    bindir = _pg_bin()
+    bindir = pg_bin()
     if bindir is None:
         raise B.SetupError(
             "PostgreSQL's server binaries (initdb, pg_ctl) are not installed; or --shared-postgres"

@@ -97,6 +97,18 @@ def rollup_hour_build(*, hour: datetime, now: datetime, until: datetime | None =
     return len(runs) + len(detections) + len(tails)
 
 
+def _cell(hour: datetime, tenant_id: int, backend: str, model: str, task_type: str, agent: str) -> dict:
+    """The fields every rollup row has: its hour, tenant and the overview's filter values."""
+    return {
+        "hour": hour,
+        "tenant_id": tenant_id,
+        "backend": backend,
+        "model": model,
+        "task_type": task_type,
+        "agent": agent,
+    }
+
+
 def _run_cells(start: datetime, end: datetime) -> tuple[list[RunRollup], int, int]:
     rows = (
         Run.objects.filter(started_at__gte=start, started_at__lt=end)
@@ -127,15 +139,7 @@ def _run_cells(start: datetime, end: datetime) -> tuple[list[RunRollup], int, in
         key = (tenant_id, backend, model, task_type, agent, ended)
         cell = cells.get(key)
         if cell is None:
-            cell = cells[key] = RunRollup(
-                tenant_id=tenant_id,
-                hour=start,
-                backend=backend,
-                model=model,
-                task_type=task_type,
-                agent=agent,
-                ended=ended,
-            )
+            cell = cells[key] = RunRollup(**_cell(start, *key[:5]), ended=ended)
         figures = run_group_figures(
             status=status, n=n, flagged=flagged, events=events, calls=calls, cost=cost, burned=burned
         )
@@ -166,17 +170,9 @@ def _detection_cells(start: datetime, end: datetime) -> list[DetectionRollup]:
     for *key, quarter, n in rows:
         cell = cells.get(tuple(key))
         if cell is None:
-            tenant_id, backend, model, task_type, agent, kind, action, feedback = key
+            kind, action, feedback = key[5:]
             cell = cells[tuple(key)] = DetectionRollup(
-                tenant_id=tenant_id,
-                hour=start,
-                backend=backend,
-                model=model,
-                task_type=task_type,
-                agent=agent,
-                kind=kind,
-                action=action,
-                feedback=feedback,
+                **_cell(start, *key[:5]), kind=kind, action=action, feedback=feedback
             )
         cell.n += n
         name = f"n_q{quarter % 4}"
@@ -185,30 +181,21 @@ def _detection_cells(start: datetime, end: datetime) -> list[DetectionRollup]:
 
 
 def _tail_cells(start: datetime, end: datetime) -> list[TailRollup]:
-    """The finished runs started in [start, end) counted per value of each long-tail metric."""
-    cells = []
-    finished = Run.objects.filter(started_at__gte=start, started_at__lt=end, status__in=FINISHED)
-    for metric in TailRollup.Metric:
-        rows = (
-            finished.values_list("tenant_id", "backend", "model", "task_type", "agent", metric.value)
-            .annotate(n=Count("*"))
-            .order_by()
-        )
-        for tenant_id, backend, model, task_type, agent, value, n in rows:
-            cells.append(
-                TailRollup(
-                    tenant_id=tenant_id,
-                    hour=start,
-                    backend=backend,
-                    model=model,
-                    task_type=task_type,
-                    agent=agent,
-                    metric=metric.value,
-                    value=value,
-                    n=n,
-                )
-            )
-    return cells
+    """The finished runs started in [start, end) counted per value of each long-tail metric: one
+    grouped scan by both values (as the live read groups them), split per metric here."""
+    rows = (
+        Run.objects.filter(started_at__gte=start, started_at__lt=end, status__in=FINISHED)
+        .values_list(*("tenant_id", "backend", "model", "task_type", "agent"), "rounds", "tool_calls")
+        .annotate(n=Count("*"))
+        .order_by()
+    )
+    counts: dict[tuple, int] = defaultdict(int)
+    for *dimensions, rounds, calls, n in rows:
+        counts[(*dimensions, TailRollup.Metric.ROUNDS, rounds)] += n
+        counts[(*dimensions, TailRollup.Metric.TOOL_CALLS, calls)] += n
+    return [
+        TailRollup(**_cell(start, *key[:5]), metric=key[5], value=key[6], n=n) for key, n in counts.items()
+    ]
 
 
 def rollup_hours_dirty(*, times: list[datetime]) -> int:

@@ -208,7 +208,7 @@ def coverage(*, f: OverviewFilters) -> Coverage:
     rolled: list[list[datetime]] = []
     for hour, until in hours.values_list("hour", "until"):
         end = min(until, hour + HOUR) if until is not None else hour + HOUR
-        if end <= hour or end > f.end:  # nothing rolled, or past the range's end
+        if end > f.end:  # rolled past the range's end (a custom range ending in the hour)
             continue
         if rolled and rolled[-1][1] == hour:
             rolled[-1][1] = end

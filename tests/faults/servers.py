@@ -42,8 +42,6 @@ import psycopg
 import pytest
 import redis
 
-from tests.conftest import IN_CI
-
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # a loaded 2-core CI machine starts a Django process in seconds, not minutes
@@ -60,6 +58,8 @@ def free_port() -> int:
 
 
 def _missing(what: str) -> None:
+    from tests.conftest import IN_CI  # here: the module is used outside pytest too (bench/soak.py)
+
     message = f"needs {what} for the private servers of the fault tests"
     if IN_CI:
         pytest.fail(f"{message}: CI must run them")
@@ -97,7 +97,7 @@ def _signal(pids: list[int], sig: int) -> None:
 # --- PostgreSQL ---------------------------------------------------------------------------------
 
 
-def _pg_bin() -> Path | None:
+def pg_bin() -> Path | None:
     if found := shutil.which("pg_ctl"):
         return Path(found).parent
     versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: int(p.split("/")[4]))
@@ -488,7 +488,7 @@ def _manage(*args: str, database_url: str) -> str:
 
 @pytest.fixture(scope="session")
 def _postgres_cluster() -> Iterator[PrivatePostgres]:
-    bindir = _pg_bin()
+    bindir = pg_bin()
     if bindir is None or (os.geteuid() == 0 and not shutil.which("runuser")):
         _missing("PostgreSQL's server binaries (initdb, pg_ctl)")
     cluster = PrivatePostgres(bindir)

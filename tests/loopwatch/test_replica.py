@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.servers import HOST, ROOT, PrivatePostgres, _missing, _pg_bin
+from tests.faults.servers import HOST, ROOT, PrivatePostgres, _missing, pg_bin
 
 
 def _basebackup(bindir: Path) -> str | None:
@@ -23,7 +23,7 @@ def _basebackup(bindir: Path) -> str | None:
 
 @pytest.fixture(scope="module")
 def primary_and_replica():
-    bindir = _pg_bin()
+    bindir = pg_bin()
     if bindir is None or not (bindir / "initdb").exists():
         _missing("initdb and pg_ctl")
     basebackup = _basebackup(bindir)
