@@ -71,7 +71,11 @@
   function renderVerdict(row, v) {
     const label = fill(row, "verdict", LABELS[v.verdict] || "");
     label.className = `fb fb-${v.verdict}`;
-    const by = fill(row, "verdict_by", v.verdict_by ? `by ${v.verdict_by}` : "");
+    // The verdict this browser just gave keeps its confirmation when the tenant's broadcast of the
+    // same verdict arrives after the answer (which comes first is the network's choice).
+    const mine = row.dataset.confirmed === `${v.verdict}|${v.verdict_by || ""}`;
+    const who = v.verdict_by ? `by ${v.verdict_by}` : "";
+    const by = fill(row, "verdict_by", mine ? `${who} (incident ${v.id})` : who);
     by.title = v.verdict_note || "";
     row.classList.toggle("resolved", v.status === "resolved");
   }
@@ -267,8 +271,8 @@
       }
       const answer = await response.json();
       if (!response.ok) throw new Error(answer.detail || `HTTP ${response.status}`);
+      row.dataset.confirmed = `${answer.verdict}|${answer.verdict_by || ""}`;
       renderVerdict(row, answer);
-      fill(row, "verdict_by", `${answer.verdict_by ? `by ${answer.verdict_by}` : ""} (incident ${answer.id})`);
       form.querySelector('input[name="note"]').value = "";
     } catch (error) {
       fill(row, "verdict_by", `not saved: ${error.message}`);

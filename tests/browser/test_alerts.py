@@ -8,10 +8,14 @@ import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.db import connection
 from playwright.sync_api import expect
 
+from dashboards.alerts.services import VERDICT_MESSAGE, incident_verdict_payload
 from dashboards.models import Membership
+from ingest.events import alerts_group
 from ingest.models import Detection, Incident
 from ingest.services import events_ingest, run_process
 from tests.browser.helpers import member, sign_in
@@ -73,6 +77,14 @@ def test_a_loop_appears_live_is_marked_a_false_alarm_and_opens_its_run(
     row.get_by_role("button", name="false alarm").click()
     expect(row.locator('[data-f="verdict"]')).to_have_text("false alarm")
     incident = Incident.objects.get(run__run_id="my-loop")
+    expect(row.locator('[data-f="verdict_by"]')).to_have_text(f"by ana (incident {incident.pk})")
+    # The tenant's broadcast of the same verdict can arrive after the answer (once in CI): the
+    # confirmation stays. Sent again here, its note changed so that its arrival shows.
+    again = {**incident_verdict_payload(incident), "verdict_note": "broadcast"}
+    send = async_to_sync(get_channel_layer().group_send)  # off this thread: Playwright's loop runs here
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(send, alerts_group(tenant.pk), {"type": VERDICT_MESSAGE, "verdict": again}).result()
+    expect(row.locator('[data-f="verdict_by"]')).to_have_attribute("title", "broadcast")
     expect(row.locator('[data-f="verdict_by"]')).to_have_text(f"by ana (incident {incident.pk})")
     detection = Detection.objects.get(run__run_id="my-loop", action="correct")
     assert (detection.feedback, detection.feedback_note, detection.feedback_by) == (
