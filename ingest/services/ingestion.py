@@ -4,6 +4,7 @@ transaction, then queue detection of the runs it touched."""
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import operator
@@ -395,6 +396,14 @@ class _RunPks:
 _RUN_PKS = _RunPks()
 
 
+class _StalePks(Exception):
+    """Runs this process knew by pk that the lock did not find (_runs_take_once)."""
+
+    def __init__(self, run_ids: set[str]) -> None:
+        super().__init__(sorted(run_ids)[:5])
+        self.run_ids = run_ids
+
+
 def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tuple]]:
     """Create the runs among these (sorted) that are not stored, then lock them all in pk order
     (PostgreSQL): (pks created, [(run_id, pk, events_count, cost_usd, backend, model)]).
@@ -402,7 +411,27 @@ def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tupl
     Inserts first, then locks: a batch waits on another's new run only while it holds no lock, and
     locks in pk order, so concurrent batches sharing runs cannot deadlock. Row locks take no slot of
     PostgreSQL's shared lock table, whatever the number of runs. The runs this process knows are
-    locked by pk in one round trip; the others first cost one more (insert and look up)."""
+    locked by pk in one round trip; the others first cost one more (insert and look up).
+
+    A known pk the lock does not find (the run was deleted since: retention, an empty run dropped;
+    or the pk is another run's after a restore) is forgotten and the whole take starts again from
+    its savepoint, which lets go of the rows it had locked. Taking only the missing runs while
+    holding the others would insert, and wait on another batch's new run, with locks held: out of
+    order, and that batch, waiting for one of them, deadlocked with it (CI saw it with OTLP exports,
+    whose runs created for a waiting span are dropped again)."""
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                return _runs_take_once(tenant_pk, run_ids)
+        except _StalePks as stale:
+            _RUN_PKS.forget(tenant_pk, stale.run_ids)
+    # Forgotten, they are inserted or found by run id the next time: only runs deleted while this
+    # was taking them, three times over, get here.
+    raise RuntimeError(f"runs {sorted(run_ids)[:5]} deleted while being taken")
+
+
+def _runs_take_once(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tuple]]:
+    """One try of _runs_take: raises _StalePks if a pk it knew names no longer the run."""
     insert, find, lock = _take_sql()
     known = _RUN_PKS.pks
     pks: dict[str, int] = {}
@@ -431,16 +460,10 @@ def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tupl
         cursor.execute(lock, [int_array(sorted(pks.values())), tenant_pk])
         locked = [row for row in cursor.fetchall() if pks.get(row[0]) == row[1]]
     if len(locked) < len(run_ids):
-        # Runs deleted since this process saw them (or a pk that is now another run's, after a
-        # restore): forgotten, and taken again as new (a row locked for nothing is let go at the
-        # commit).
         gone = set(run_ids).difference(row[0] for row in locked)
         if gone.issubset(unknown):
             raise RuntimeError(f"runs {sorted(gone)[:5]} neither inserted nor found")  # deleted meanwhile
-        _RUN_PKS.forget(tenant_pk, gone)
-        more_created, more = _runs_take(tenant_pk, sorted(gone))
-        created += more_created
-        locked += more
+        raise _StalePks(gone.difference(unknown))
     return created, locked
 
 
@@ -494,9 +517,18 @@ def runs_hold(*, tenant: Tenant, run_ids: list[str]) -> list[int]:
 
 def runs_drop_empty(*, run_pks: list[int]) -> None:
     """Delete the runs among these that hold no event (created by runs_hold and left empty)."""
-    if run_pks:
-        with connection.cursor() as cursor:
-            cursor.execute(_RUNS_DROP_EMPTY_SQL, [run_pks])
+    if not run_pks:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_RUNS_DROP_EMPTY_SQL, [run_pks])
+        dropped = cursor.fetchall()
+    if dropped:
+        # Learnt at the commit by the take that created them: forgotten after it.
+        by_tenant: dict[int, list[str]] = {}
+        for tenant_pk, run_id in dropped:
+            by_tenant.setdefault(tenant_pk, []).append(run_id)
+        for tenant_pk, run_ids in by_tenant.items():
+            transaction.on_commit(functools.partial(_RUN_PKS.forget, tenant_pk, run_ids), robust=True)
 
 
 # --- storing a batch through the ORM (SQLite) ----------------------------------------------------

@@ -232,7 +232,9 @@ def _events_copy(tenant_pk: int, rows: list[tuple]) -> None:
 # placeholder per id: psycopg's client-side binding parsed a thousand placeholders for longer than the
 # database took to answer.
 _EVENTS_STORED_SQL = "SELECT run_id, event_id FROM ingest_event WHERE run_id = ANY(%s) AND event_id = ANY(%s)"
-_RUNS_DROP_EMPTY_SQL = f"DELETE FROM {Run._meta.db_table} WHERE id = ANY(%s) AND events_count = 0"
+_RUNS_DROP_EMPTY_SQL = (
+    f"DELETE FROM {Run._meta.db_table} WHERE id = ANY(%s) AND events_count = 0 RETURNING tenant_id, run_id"
+)
 # A pass waits for a lock at most this long (set_config(..., true): for its transaction only).
 _LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', %s, true)"
 

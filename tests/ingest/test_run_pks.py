@@ -116,3 +116,85 @@ def test_threads_learning_and_forgetting_at_once_lose_nothing_they_keep(needs_po
     assert errors == []
     assert 60 <= len(pks.pks) <= 100  # evicted down to three quarters (then a few forgotten)
     assert all(pk == int(run_id.rsplit("-r", 1)[1]) for (_, run_id), pk in pks.pks.items())
+
+
+# Another client's transaction, in a process of its own: it creates run `new` (a copy of an empty
+# run), says so, then after a while locks run `held` and commits.
+_OTHER_BATCH = """
+import sys, time, psycopg
+params, table, columns, template, new, held = eval(sys.argv[1])
+with psycopg.connect(**params) as conn:
+    conn.execute(
+        f"INSERT INTO {table} ({columns}, run_id) SELECT {columns}, %s FROM {table} WHERE id = %s",
+        [new, template],
+    )
+    print("inserted", flush=True)
+    time.sleep(0.5)
+    conn.execute(f"SELECT id FROM {table} WHERE id = %s FOR NO KEY UPDATE", [held])
+print("committed", flush=True)
+"""
+
+
+def test_a_stale_pk_does_not_make_a_batch_lock_out_of_order(needs_postgres, tenant):
+    """A batch whose run r-a was deleted since this process saw it, beside run r-b: another batch
+    creates r-a first and then needs r-b. Taking r-a again while holding r-b waited for that batch
+    while it waited for r-b: a deadlock (PostgreSQL aborted one of them; CI saw it with OTLP
+    exports, whose runs created for a waiting span are dropped again). Now the take lets r-b go
+    and starts again: both batches pass."""
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    _ingest(tenant, "r-a", range(1, 2))
+    _ingest(tenant, "r-b", range(1, 2))
+    stale = Run.objects.get(tenant=tenant, run_id="r-a").pk
+    held = Run.objects.get(tenant=tenant, run_id="r-b").pk
+    template = Run.objects.create(tenant=tenant, run_id="r-empty").pk
+    Run.objects.filter(pk=stale).delete()
+    assert _RUN_PKS.pks[(tenant.pk, "r-a")] == stale
+
+    columns = ", ".join(
+        connection.ops.quote_name(f.column)
+        for f in Run._meta.concrete_fields
+        if f.attname != "run_id" and f is not Run._meta.auto_field
+    )
+    params = connection.get_connection_params()
+    params = {k: v for k, v in params.items() if k in ("dbname", "user", "password", "host", "port")}
+    args = repr((params, Run._meta.db_table, columns, template, "r-a", held))
+    other = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_BATCH, args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None
+        assert other.stdout.readline().strip() == "inserted"
+        events = [
+            {"type": "model_round", "run_id": run_id, "ts": "2026-11-29T10:00:00Z", "round": 5}
+            for run_id in ("r-a", "r-b")
+        ]
+        result = events_ingest(tenant=tenant, events=events, max_event_bytes=1 << 20)
+        _, errors = other.communicate(timeout=30)
+    finally:
+        other.kill()
+    assert result.count("accepted") == 2, result.verdicts
+    assert other.returncode == 0, errors
+    run = Run.objects.get(tenant=tenant, run_id="r-a")
+    assert run.pk not in (stale, template)  # the other batch's run, found and used
+    assert (run.events_count, run.rounds) == (1, 5)
+    assert _seqs(tenant, "r-a") == [1] and _seqs(tenant, "r-b") == [1, 2]
+    assert _RUN_PKS.pks[(tenant.pk, "r-a")] == run.pk
+
+
+def test_runs_dropped_empty_are_forgotten(needs_postgres, tenant):
+    from ingest.services import runs_drop_empty, runs_hold
+
+    with transaction.atomic():
+        created = runs_hold(tenant=tenant, run_ids=["r-waiting"])
+        assert len(created) == 1
+        runs_drop_empty(run_pks=created)
+    assert (tenant.pk, "r-waiting") not in _RUN_PKS.pks
+    assert not Run.objects.filter(tenant=tenant, run_id="r-waiting").exists()
+
+    _ingest(tenant, "r-waiting", range(1, 3))
+    assert _seqs(tenant, "r-waiting") == [1, 2]
+    assert _RUN_PKS.pks[(tenant.pk, "r-waiting")] == Run.objects.get(tenant=tenant, run_id="r-waiting").pk
