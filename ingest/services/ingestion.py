@@ -32,6 +32,7 @@ from ingest.services.pipeline import detection_enqueue
 from ingest.services.postgres import (
     _EVENTS_STORED_SQL,
     _RUNS_DROP_EMPTY_SQL,
+    MERGED_FIGURES,
     RUN_FIGURES,
     STARTED_FIGURES,
     _events_copy,
@@ -41,6 +42,7 @@ from ingest.services.postgres import (
     _take_fields,
     _take_sql,
     int_array,
+    json_array,
     text_array,
 )
 
@@ -471,30 +473,18 @@ _FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
 def _runs_merge(runs: list[_RunBatch], fresh: list[int]) -> None:
-    """Write the batch's figures into its runs with one UPDATE, and create the fresh runs' detection
-    cursors in its WITH clause (PostgreSQL)."""
-    data = []
-    for run in runs:
-        cost = run.cost_usd
-        row = {
-            "id": run.pk,
-            "events_count": run.events_count,
-            "cost_usd": cost if math.isfinite(cost) else _FLOAT_TEXT.get(cost, "NaN"),  # JSON has none
-            "started_at": run.started_at,
-            "last_event_at": run.last_event_at,
-            "rounds": run.rounds,
-            "tool_calls": run.tool_calls,
-            "tool_errors": run.tool_errors,
-            "input_tokens": run.input_tokens,
-            "output_tokens": run.output_tokens,
-        }
-        if run.unverified_from_seq is not None:
-            row["unverified_from_seq"] = run.unverified_from_seq
-        if run.described is not None:
-            row.update(run.described)
-        data.append(row)
+    """Write the batch's figures into its runs with one UPDATE (an array per figure, _merge_sql),
+    and create the fresh runs' detection cursors in its WITH clause (PostgreSQL)."""
+    params: list[Any] = [json_array([run.pk for run in runs])]
+    for name in MERGED_FIGURES:
+        values: list[Any] = list(map(operator.attrgetter(name), runs))
+        if name == "cost_usd" and not all(map(math.isfinite, values)):
+            values = [c if math.isfinite(c) else _FLOAT_TEXT.get(c, "NaN") for c in values]  # not in JSON
+        params.append(json_array(values))
+    params.append(
+        orjson.dumps([{"id": run.pk, **run.described} for run in runs if run.described is not None]).decode()
+    )
     sql = _merge_sql()
-    params: list = [orjson.dumps(data).decode()]
     if fresh:
         cursor_sql, cursor_params = _insert_missing_sql(RunCursor, RunCursor(), "run_id", fresh)
         sql = f"WITH cursors AS ({cursor_sql}) {sql}"

