@@ -17,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import orjson
+import psycopg
 from celery import Task, current_app
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, models, transaction
@@ -60,6 +61,7 @@ from ingest.services.postgres import (
     _CURSORS_LOCK_SQL,
     _EVENTS_AFTER_SQL,
     _LOCK_TIMEOUT_SQL,
+    _POSITIONS_SQL,
     _PROGRESS_SQL,
     _RUN_COLUMNS,
     _RUNS_SQL,
@@ -576,7 +578,7 @@ def _detect(
         state = None
         if cursor.engine_state:
             try:
-                state = RunState.from_dict(cursor.engine_state)
+                state = RunState.from_dict(cast(dict, cursor.engine_state))  # JSONText: a dict
             except (TypeError, ValueError, KeyError):
                 logger.warning("run %s: engine state unreadable, starting afresh", run.pk)
         state = state or RunState()
@@ -702,6 +704,25 @@ def _loop_cost(run: Run, events: _Events, rows: list[Detection]) -> tuple[int | 
     return first, burned
 
 
+def _positions_save(now: datetime, positions: list[dict[str, Any]]) -> None:
+    """Move the pass's cursors and store the runs' engine states (PostgreSQL): one statement with
+    server-side binding, its parameters in binary, the states as JSON text (ingest.models.JSONText),
+    in the pass's transaction. Its cursors are locked since the pass began."""
+    if not positions:
+        return
+    connection.ensure_connection()
+    params = [
+        now,
+        [p["run_id"] for p in positions],
+        [p["position"] for p in positions],
+        [p["processed"] for p in positions],
+        [dumps_bounded(p["engine_state"]).decode() for p in positions],
+    ]
+    # Errors as Django's (a database gone is OperationalError, not the runs' fault: _NOT_THE_RUNS).
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_POSITIONS_SQL, params)
+
+
 def _progress_save(
     rows: list[Detection],
     figures: list[dict[str, Any]],
@@ -715,8 +736,9 @@ def _progress_save(
     now = timezone.now()
     keys = problem_keys(rows)
     if postgres_statements():
+        _positions_save(now, positions)
         pks = sorted(figure["id"] for figure in figures)
-        progress = [now, dumps_bounded(positions).decode(), pks, dumps_bounded(figures).decode()]
+        progress = [pks, dumps_bounded(figures).decode()]
         _, incident_rows, *_, found = statements_run(
             [
                 insert_statement(Detection, rows, ignore_conflicts=True),

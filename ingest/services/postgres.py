@@ -299,19 +299,12 @@ _RUN_COLUMNS = [f.attname for f in Run._meta.concrete_fields if f.attname in ("i
 _RUNS_SQL = f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE id = ANY(%s)"
 
 
-# PostgreSQL: the pass's cursors and run figures in one statement. The runs are locked in pk order
+# PostgreSQL: the pass's run figures in one statement. The runs are locked in pk order
 # first, as ingest locks them (FOR NO KEY UPDATE: the pass's inserts hold KEY SHARE on them, which
 # that lock does not wait for), so a pass and a batch cannot deadlock. A figure absent from a run's
 # row keeps its stored value; first_loop_at and terminated_by are only set once.
 _PROGRESS_SQL = f"""
-WITH positions AS (
-    UPDATE {RunCursor._meta.db_table} AS c
-    SET position = v.position, processed = v.processed, engine_state = v.engine_state, updated_at = %s,
-        failures = 0, error = '', failed_at = NULL, retry_at = NULL
-    FROM jsonb_to_recordset(%s::jsonb)
-        AS v(run_id bigint, position integer, processed integer, engine_state jsonb)
-    WHERE c.run_id = v.run_id
-), locked AS (
+WITH locked AS (
     SELECT id FROM {Run._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE
 )
 UPDATE {Run._meta.db_table} AS r SET
@@ -334,6 +327,19 @@ FROM jsonb_to_recordset(%s::jsonb) AS v(
     terminated_by text, budget_type text
 )
 WHERE r.id = v.id AND r.id IN (SELECT id FROM locked)
+"""
+
+
+# PostgreSQL: the pass's cursors, moved, with the engine states (text: ingest.models.JSONText). Sent
+# with server-side binding, parameters in binary (positions_save): the states arrive as they are,
+# where a text array in the query had to be unescaped element by element (83 ms for 1,000 states).
+_POSITIONS_SQL = f"""
+UPDATE {RunCursor._meta.db_table} AS c
+SET position = v.position, processed = v.processed, engine_state = v.engine_state, updated_at = %b,
+    failures = 0, error = '', failed_at = NULL, retry_at = NULL
+FROM unnest(%b::bigint[], %b::integer[], %b::integer[], %b::text[])
+    AS v(run_id, position, processed, engine_state)
+WHERE c.run_id = v.run_id
 """
 
 

@@ -1,0 +1,80 @@
+"""Migration 0019 turns the engine state from jsonb into JSON text (ingest.models.JSONText) and
+back, the states kept; the column is compressed with lz4 where the server has it."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
+
+from ingest.models import Run, RunCursor, Tenant
+
+pytestmark = pytest.mark.django_db(transaction=True)
+BEFORE, AFTER = ("ingest", "0018_transition_operator_reference"), ("ingest", "0019_cursor_state_text")
+STATE = {
+    "version": 2,
+    "events": 7,
+    "recent": [{"sig": "ab", "args": {"q": 'a "quoted" \\ value', "n": 2**62}}],
+}
+
+
+def _migrate(target: tuple[str, str]) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([target])
+
+
+def _column() -> tuple[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT format_type(atttypid, atttypmod), attcompression FROM pg_attribute "
+            "WHERE attrelid = 'ingest_runcursor'::regclass AND attname = 'engine_state'"
+        )
+        return cursor.fetchone()
+
+
+def _server_has_lz4() -> bool:
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("CREATE TEMP TABLE lz4_probe (x text COMPRESSION lz4)")
+            transaction.set_rollback(True)
+        return True
+    except DatabaseError:
+        return False
+
+
+def test_the_states_survive_the_migration_and_its_reverse(needs_postgres):
+    try:
+        _migrate(BEFORE)
+        run = Run.objects.create(tenant=Tenant.objects.create(slug="acme"), run_id="r1", events_count=7)
+        with connection.cursor() as cursor:  # as 0018 stored it: jsonb
+            cursor.execute(
+                "INSERT INTO ingest_runcursor (run_id, position, processed, engine_state, updated_at, failures, error) "
+                "VALUES (%s, 7, 7, %s::jsonb, now(), 0, '')",
+                [
+                    run.pk,
+                    '{"version": 2, "events": 7, "recent": [{"sig": "ab", "args": '
+                    '{"q": "a \\"quoted\\" \\\\ value", "n": 4611686018427387904}}]}',
+                ],
+            )
+        assert _column()[0] == "jsonb"
+
+        _migrate(AFTER)
+        assert _column() == ("text", "l" if _server_has_lz4() else "")
+        assert RunCursor.objects.get(run=run).engine_state == STATE
+
+        RunCursor.objects.filter(run=run).update(engine_state={**STATE, "events": 8})
+        _migrate(BEFORE)
+        assert _column()[0] == "jsonb"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT engine_state->>'events', engine_state->'recent'->0->'args'->>'q' "
+                "FROM ingest_runcursor WHERE run_id = %s",
+                [run.pk],
+            )
+            assert cursor.fetchone() == ("8", 'a "quoted" \\ value')
+    finally:
+        # Back to the newest migrations, not just this one: the tests after this one run on them.
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert _column()[0] == "text"
