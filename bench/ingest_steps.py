@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ingest_steps.py [--runs-per-batch 20,1000] [--batches 45] [--seed 7]
         [--database-url postgres://postgres@127.0.0.1:5432/loopwatch_bench]
-        [--redis-url redis://127.0.0.1:6379/15]
+        [--redis-url redis://127.0.0.1:6379/15] [--detect]
 
 bench/ingest.py measures the whole stack and its ratio to COPY; its figures move with everything
 else the machine does. This one calls the service a REST batch calls (ingest.services.events_ingest)
@@ -10,7 +10,9 @@ with bench/ingest.py's events, in one thread, and times each step of storing a b
 taking the runs (create the new ones, lock all), pricing, the COPY of the events, the UPDATE of the
 runs' figures, the commit, queueing detection. Per shape (runs per batch of 1,000 events), on
 emptied tables: 5 batches to warm up, then --batches - 5 measured; prints ms per batch for each
-step, the whole batch, and the WAL it wrote.
+step, the whole batch, and the WAL it wrote. With --detect, each batch's runs then go through a
+detection pass in the same thread (ingest.services.runs_process, as the detect_runs task runs it
+for a batch's runs), timed apart: what a worker spends on a batch of each shape.
 
 The database must be named *bench* (it is emptied); it is migrated first.
 """
@@ -27,17 +29,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.harness import SetupError, ensure_database, manage, reset_tables, server_env
+from bench.harness import SetupError, ensure_database, manage, redis_purge, reset_tables, server_env
 from bench.ingest import TENANT, client_stream
 
 STEPS = ("_runs_take", "_price", "_events_copy", "_runs_merge", "detection_enqueue")
 WARM_UP = 5
 
 
-def measure(runs_per_batch: int, batches: int, seed: int, database_url: str) -> None:
+def measure(runs_per_batch: int, batches: int, seed: int, database_url: str, detect: bool) -> None:
     from django.db import connection
 
-    from ingest.services import events_ingest, ingestion, tenant_get_or_create
+    from ingest.services import events_ingest, ingestion, runs_process, tenant_get_or_create
 
     reset_tables(database_url)
     tenant = tenant_get_or_create(slug=TENANT)
@@ -65,8 +67,11 @@ def measure(runs_per_batch: int, batches: int, seed: int, database_url: str) -> 
             setattr(ingestion, name, timed(name, step))
         raw.commit = timed("commit", commit)
         for chunk in chunks[:WARM_UP]:
-            events_ingest(tenant=tenant, events=chunk, max_event_bytes=1 << 20)
+            result = events_ingest(tenant=tenant, events=chunk, max_event_bytes=1 << 20)
+            if detect:
+                runs_process(run_pks=sorted(result.runs_touched))
         spent.clear()
+        detected, detecting = 0, 0.0
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_current_wal_lsn()")
             (lsn,) = cursor.fetchone()
@@ -75,7 +80,12 @@ def measure(runs_per_batch: int, batches: int, seed: int, database_url: str) -> 
             result = events_ingest(tenant=tenant, events=chunk, max_event_bytes=1 << 20)
             if result.count("accepted") != len(chunk):
                 raise SetupError(f"a batch was not stored whole: {result.verdicts[:3]}")
-        wall = time.perf_counter() - started
+            if detect:
+                detect_started, commits = time.perf_counter(), spent["commit"]
+                detected += runs_process(run_pks=sorted(result.runs_touched))
+                detecting += time.perf_counter() - detect_started
+                spent["commit"] = commits  # the pass's commits are its own
+        wall = time.perf_counter() - started - detecting
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", [lsn])
             (wal,) = cursor.fetchone()
@@ -88,7 +98,12 @@ def measure(runs_per_batch: int, batches: int, seed: int, database_url: str) -> 
     print(f"  {wall / n * 1000:7.2f} ms  a batch, in all ({n * 1000 / wall:,.0f} events/s in one thread)")
     for name in (*STEPS, "commit"):
         print(f"  {spent[name] / n * 1000:7.2f} ms  {name.strip('_')}")
-    print(f"  {float(wal) / n / 1024:7.0f} KiB of WAL a batch")
+    print(f"  {float(wal) / n / 1024:7.0f} KiB of WAL a batch (the detection passes' too, if any)")
+    if detect:
+        print(
+            f"  {detecting / n * 1000:7.2f} ms  detection pass of the batch's runs "
+            f"({detected / detecting:,.0f} events/s in one thread; {detected:,} events)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=45, help="batches per shape, 5 of them to warm up")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/loopwatch_bench")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15", help="flushed at the end")
+    parser.add_argument("--detect", action="store_true", help="also time a detection pass per batch")
     args = parser.parse_args(argv)
+    if urlsplit(args.redis_url).path.strip("/") in ("", "0"):
+        parser.error("--redis-url: name a Redis db of its own (like /15); it is flushed at the end")
     if "bench" not in urlsplit(args.database_url).path:
         parser.error("--database-url: the database is emptied; its name must contain 'bench'")
     if args.batches <= WARM_UP:
@@ -116,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
 
         django.setup()
         for runs_per_batch in shapes:
-            measure(runs_per_batch, args.batches, args.seed, args.database_url)
+            measure(runs_per_batch, args.batches, args.seed, args.database_url, args.detect)
     except SetupError as exc:
         print(f"setup failed: {exc}", file=sys.stderr)
         return 2
+    finally:
+        redis_purge(args.redis_url)  # the detection tasks the batches queued: no worker takes them
     return 0
 
 
