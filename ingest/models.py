@@ -8,6 +8,7 @@ by the per-run detection task, which sees a run's events once and in order.
 from __future__ import annotations
 
 import orjson
+from django import forms
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -238,6 +239,12 @@ class JSONText(models.TextField):
 
     def get_prep_value(self, value):
         return None if value is None else dumps_bounded(value).decode()
+
+    def value_to_string(self, obj):  # dumpdata: the JSON text
+        return self.get_prep_value(self.value_from_object(obj))
+
+    def formfield(self, **kwargs):
+        return models.Field.formfield(self, **{"form_class": forms.JSONField, **kwargs})
 
 
 class RunCursor(models.Model):

@@ -49,6 +49,8 @@ RUN_FIGURES = [
 # What only run_started (agent ... labels) and run_finished (status ... finished_at) set.
 STARTED_FIGURES = ("agent", "task_type", "backend", "model", "budgets", "labels")
 FINISHED_FIGURES = ("status", "terminated_by", "budget_type", "reason", "finished_at")
+# The figures every run of a batch gets, as arrays (_merge_sql), in this order after its pk.
+MERGED_FIGURES = tuple(name for name in RUN_FIGURES if name not in (*STARTED_FIGURES, *FINISHED_FIGURES))
 
 
 def _insert_missing_sql(model: type[models.Model], template: models.Model, key: str, values: list) -> tuple:
@@ -135,21 +137,6 @@ def _take_fields() -> tuple[models.Field, ...]:
     )
 
 
-# The figures every run of a batch gets, as arrays (_merge_sql), in this order after its pk.
-MERGED_FIGURES = (
-    "events_count",
-    "cost_usd",
-    "started_at",
-    "last_event_at",
-    "rounds",
-    "tool_calls",
-    "tool_errors",
-    "input_tokens",
-    "output_tokens",
-    "unverified_from_seq",
-)
-
-
 @functools.cache
 def _merge_sql() -> str:
     """The UPDATE that merges a batch's figures into the stored ones: one array per figure of
@@ -175,7 +162,7 @@ def _merge_sql() -> str:
         # Set only by run_started / run_finished: the stored value when the batch sends none.
         **{name: "COALESCE(d.{0}, r.{0})" for name in described},
     }
-    assert set(merge) == set(RUN_FIGURES) and set(MERGED_FIGURES) == set(RUN_FIGURES) - set(described)
+    assert set(merge) == set(RUN_FIGURES)
     assignments = ", ".join(f"{quote(name)} = " + merge[name].format(quote(name)) for name in RUN_FIGURES)
     arrays = ", ".join(f"%s::{types[name]}[]" for name in ("id", *MERGED_FIGURES))
     columns = ", ".join(quote(name) for name in ("id", *MERGED_FIGURES))

@@ -78,3 +78,14 @@ def test_the_states_survive_the_migration_and_its_reverse(needs_postgres):
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
     assert _column()[0] == "text"
+
+
+def test_a_state_holding_an_integer_past_64_bits_is_stored_and_read_back(needs_postgres):
+    """A hostile argument lands in the engine state: orjson refuses it, the field writes it as a float
+    (ingest.bulk.dumps_bounded) rather than fail the pass."""
+    run = Run.objects.create(tenant=Tenant.objects.create(slug="acme"), run_id="r1")
+    RunCursor.objects.create(run=run, engine_state={"recent": [{"args": {"n": 2**70}}]})
+    assert RunCursor.objects.get(run=run).engine_state == {"recent": [{"args": {"n": float(2**70)}}]}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT engine_state::jsonb->'recent'->0->'args'->>'n' FROM ingest_runcursor")
+        assert float(cursor.fetchone()[0]) == float(2**70)
