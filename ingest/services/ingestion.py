@@ -41,7 +41,6 @@ from ingest.services.postgres import (
     _PriceBook,
     _take_fields,
     _take_sql,
-    int_array,
     json_array,
     text_array,
 )
@@ -459,7 +458,7 @@ def _runs_take_once(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list
         # Learnt when the transaction commits: a batch rolled back leaves no pk of a run never stored.
         transaction.on_commit(lambda: _RUN_PKS.learn(tenant_pk, found or ()), robust=True)
     with connection.cursor() as cursor:
-        cursor.execute(lock, [int_array(sorted(pks.values())), tenant_pk])
+        cursor.execute(lock, [json_array(sorted(pks.values())), tenant_pk])
         locked = [row for row in cursor.fetchall() if pks.get(row[0]) == row[1]]
     if len(locked) < len(run_ids):
         gone = set(run_ids).difference(row[0] for row in locked)

@@ -710,13 +710,13 @@ def _positions_save(now: datetime, positions: list[dict[str, Any]]) -> None:
     in the pass's transaction. Its cursors are locked since the pass began."""
     if not positions:
         return
-    connection.ensure_connection()
+    encode = RunCursor._meta.get_field("engine_state").get_prep_value  # as the ORM writes it
     params = [
         now,
         [p["run_id"] for p in positions],
         [p["position"] for p in positions],
         [p["processed"] for p in positions],
-        [dumps_bounded(p["engine_state"]).decode() for p in positions],
+        [encode(p["engine_state"]) for p in positions],
     ]
     # Errors as Django's (a database gone is OperationalError, not the runs' fault: _NOT_THE_RUNS).
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:

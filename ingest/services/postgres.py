@@ -110,12 +110,6 @@ def _take_sql() -> tuple[str, str, str]:
     return insert, find, lock
 
 
-def int_array(values) -> str:
-    """PostgreSQL's text form of an array of integers, '{1,2,3}' (psycopg's client-side binding
-    adapted a list element by element, slower than the query it was for)."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
 def json_array(values: list) -> str:
     """PostgreSQL's text form of an array of numbers, NULLs (None), timestamps (aware datetimes) or
     plain strings, written by orjson: JSON's text of such a list is the array's, brackets aside

@@ -89,3 +89,37 @@ def test_a_state_holding_an_integer_past_64_bits_is_stored_and_read_back(needs_p
     with connection.cursor() as cursor:
         cursor.execute("SELECT engine_state::jsonb->'recent'->0->'args'->>'n' FROM ingest_runcursor")
         assert float(cursor.fetchone()[0]) == float(2**70)
+
+
+def test_a_pass_stores_the_states_in_binary_and_a_database_gone_is_djangos_error(needs_postgres):
+    """_positions_save sends the states with a psycopg cursor of its own (server-side binding): what it
+    stores reads back through the ORM, and a connection the server dropped raises Django's
+    OperationalError (the pass lets it go up: not the runs' fault), not psycopg's."""
+    import psycopg
+    from django.db import OperationalError
+    from django.utils import timezone
+
+    from ingest.services.pipeline import _positions_save
+
+    run = Run.objects.create(tenant=Tenant.objects.create(slug="acme"), run_id="r1")
+    RunCursor.objects.create(run=run)
+    position = {"run_id": run.pk, "position": 3, "processed": 3, "engine_state": STATE}
+    with transaction.atomic():
+        _positions_save(timezone.now(), [position])
+    cursor = RunCursor.objects.get(run=run)
+    assert (cursor.position, cursor.processed, cursor.engine_state) == (3, 3, STATE)
+
+    with connection.cursor() as c:
+        c.execute("SELECT pg_backend_pid()")
+        (pid,) = c.fetchone()
+    params = {
+        k: v for k, v in connection.get_connection_params().items() if k in ("dbname", "user", "host", "port")
+    }
+    try:
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(OperationalError):
+            _positions_save(timezone.now(), [{**position, "position": 4}])
+    finally:
+        connection.close()
+    assert RunCursor.objects.get(run=run).position == 3
