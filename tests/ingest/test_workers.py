@@ -63,6 +63,15 @@ def workers(needs_postgres, needs_redis, tmp_path):
         ]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT))
         logs.append(log)
+    # Both consuming before the first task: a worker still starting (a cold machine: CI's first
+    # import) would leave all the tasks to the other, and the test would not see two at work.
+    deadline = time.monotonic() + 60
+    while not all(" ready." in log.read_text() for log in logs):
+        if time.monotonic() > deadline or any(proc.poll() is not None for proc in procs):
+            for proc in procs:
+                proc.kill()
+            pytest.fail(f"workers not ready in 60 s: {[log.read_text()[-2000:] for log in logs]}")
+        time.sleep(0.2)
     previous = app.conf.task_default_queue
     app.conf.task_default_queue = queue
     app.conf.task_always_eager = False
