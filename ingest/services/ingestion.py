@@ -458,8 +458,9 @@ def _runs_take_once(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list
         # Learnt when the transaction commits: a batch rolled back leaves no pk of a run never stored.
         transaction.on_commit(lambda: _RUN_PKS.learn(tenant_pk, found or ()), robust=True)
     with connection.cursor() as cursor:
-        cursor.execute(lock, [json_array(sorted(pks.values())), tenant_pk])
-        locked = [row for row in cursor.fetchall() if pks.get(row[0]) == row[1]]
+        cursor.execute(lock, [json_array(sorted(pks.values()))])
+        # The pk still names this run of this tenant (_StalePks otherwise).
+        locked = [row[:-1] for row in cursor.fetchall() if pks.get(row[0]) == row[1] and row[-1] == tenant_pk]
     if len(locked) < len(run_ids):
         gone = set(run_ids).difference(row[0] for row in locked)
         if gone.issubset(unknown):

@@ -4,11 +4,12 @@ no longer names the run (deleted since, rolled back, another run's after a resto
 from __future__ import annotations
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from ingest.models import Event, Run
 from ingest.services import events_ingest
 from ingest.services.ingestion import _RUN_PKS
+from ingest.services.postgres import _take_sql, json_array
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,23 +45,45 @@ def test_a_run_deleted_since_is_created_again(needs_postgres, tenant):
 def test_a_pk_that_names_another_run_is_not_trusted(needs_postgres, tenant, other_tenant):
     _ingest(tenant, "r-b", range(1, 3))
     _ingest(other_tenant, "r-c", range(1, 2))
+    _ingest(other_tenant, "r-e", range(1, 2))
     b = Run.objects.get(tenant=tenant, run_id="r-b")
     c = Run.objects.get(tenant=other_tenant, run_id="r-c")
+    e = Run.objects.get(tenant=other_tenant, run_id="r-e")
     # What a process could hold after the database was restored to an earlier point: the pk of
-    # another run of the tenant, or of another tenant's run.
-    _RUN_PKS.learn(tenant.pk, [("r-a", b.pk), ("r-d", c.pk)])
+    # another run of the tenant, or of another tenant's run, under another run id or its own.
+    _RUN_PKS.learn(tenant.pk, [("r-a", b.pk), ("r-d", c.pk), ("r-e", e.pk)])
 
     _ingest(tenant, "r-a", range(1, 2))
     _ingest(tenant, "r-d", range(1, 4))
+    _ingest(tenant, "r-e", range(1, 3))
 
     a = Run.objects.get(tenant=tenant, run_id="r-a")
     d = Run.objects.get(tenant=tenant, run_id="r-d")
-    assert a.pk not in (b.pk, c.pk) and d.pk not in (b.pk, c.pk)
-    assert (a.events_count, d.events_count) == (1, 3)
-    b.refresh_from_db()
-    c.refresh_from_db()
-    assert (b.events_count, c.events_count) == (2, 1)  # untouched
+    mine = Run.objects.get(tenant=tenant, run_id="r-e")
+    assert {a.pk, d.pk, mine.pk}.isdisjoint({b.pk, c.pk, e.pk})
+    assert (a.events_count, d.events_count, mine.events_count) == (1, 3, 2)
+    for run in (b, c, e):
+        run.refresh_from_db()
+    assert (b.events_count, c.events_count, e.events_count) == (2, 1, 1)  # untouched
     assert _seqs(tenant, "r-b") == [1, 2] and _seqs(other_tenant, "r-c") == [1]
+    assert _seqs(other_tenant, "r-e") == [1] and _seqs(tenant, "r-e") == [1, 2]
+
+
+def test_the_lock_goes_by_pk_whatever_the_statistics_say(needs_postgres, tenant, other_tenant):
+    """Statistics taken before a tenant had runs (a new tenant, a table emptied and refilled) say it
+    has none. The lock must still find its runs by the primary key: a plan through the tenant_id
+    index reads every run of the tenant, for each batch (a tenant of millions of runs stalls
+    ingest)."""
+    Run.objects.bulk_create([Run(tenant=other_tenant, run_id=f"bulk-{i}") for i in range(5000)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE ingest_run")  # the tenant has no run yet
+    mine = Run.objects.bulk_create([Run(tenant=tenant, run_id=f"mine-{i}") for i in range(3000)])
+    pks = sorted(run.pk for run in mine)[:20]
+    with connection.cursor() as cursor:
+        lock = _take_sql()[2]
+        cursor.execute(f"EXPLAIN {lock}", [json_array(pks)])
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+    assert "ingest_run_pkey" in plan and "tenant" not in plan, plan
 
 
 def test_a_batch_rolled_back_leaves_no_pk_behind(needs_postgres, tenant):
