@@ -50,6 +50,7 @@ from django.db.models import F, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from ingest.bulk import TENANT_PK
 from ingest.detection import ACTIONS, Config, Engine, RunState
 from ingest.detection.engine import failed_result, result_digest_of
 from ingest.detection.kinds import DECLARED, kind_resolve
@@ -384,7 +385,7 @@ class _RunView:
 
 _RUN_VIEW_FIELDS = tuple(f.name for f in fields(_RunView))
 # By hand rather than through the ORM: the engine state is the biggest value a check reads, and
-# orjson decodes it several times faster than the JSONField's json.loads.
+# orjson decodes it several times faster than the JSONField's json.loads. The tenant as TENANT_PK.
 _RUN_VIEW_SQL = f"""
 SELECT r.id, r.tenant_id, r.backend, r.model, r.task_type, r.status, r.terminated_by, r.budget_type,
        r.reason, r.rounds, r.tool_calls, r.tool_errors, r.cost_usd, r.last_progress_step, r.events_count,
@@ -392,7 +393,7 @@ SELECT r.id, r.tenant_id, r.backend, r.model, r.task_type, r.status, r.terminate
        c.retry_at
 FROM {Run._meta.db_table} r LEFT JOIN {Run._meta.get_field("cursor").related_model._meta.db_table} c
   ON c.run_id = r.id
-WHERE r.tenant_id = %s AND r.run_id = %s
+WHERE r.tenant_id = {TENANT_PK} AND r.run_id = %s
 """
 
 

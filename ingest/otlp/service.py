@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from ingest.bulk import statements_run
+from ingest.bulk import TENANT_PK, statements_run
 from ingest.models import Event, ParkedSpan, Run, Tenant, ToolConfig
 from ingest.otlp.mapping import (
     LLM,
@@ -253,13 +253,11 @@ def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: AbstractSet[str]) -
 
 
 _RUN_COLUMNS = ("run_id", "agent", "backend", "model", "rounds", "labels", "started_at", "events_count")
-_RUNS_SQL = (
-    f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE tenant_id = %s AND run_id = ANY(%s)"
-)
+_RUNS_SQL = f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE tenant_id = {TENANT_PK} AND run_id = ANY(%s)"
 # The export's model spans already stored, by the (run, event_id) index: one probe per span.
 _STORED_ROUNDS_SQL = f"""
 SELECT v.run_id, e.event_id FROM unnest(%s::text[], %s::text[]) AS v(run_id, event_id)
-JOIN {Run._meta.db_table} AS r ON r.tenant_id = %s AND r.run_id = v.run_id
+JOIN {Run._meta.db_table} AS r ON r.tenant_id = {TENANT_PK} AND r.run_id = v.run_id
 JOIN {Event._meta.db_table} AS e ON e.run_id = r.id AND e.event_id = v.event_id
 """
 _PARKED_SQL = (

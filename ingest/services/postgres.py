@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 from django.db import connection, models
 
-from ingest.bulk import db_column
+from ingest.bulk import TENANT_PK, db_column
 from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.models import (
     Backend,
@@ -86,8 +86,7 @@ def _take_sql() -> tuple[str, str, str]:
     share of the runs: statistics taken when the tenant had few runs (a new tenant, a table just
     emptied) made every index on tenant_id look as good as the unique one, and the planner compared
     each id with every run of the tenant: 0.3 s to lock a batch of 1,000 runs, 3 ms by pk. `find`
-    still has that risk; it runs only for ids this process has not seen, its array is a constant
-    (PostgreSQL hashes it, so a wrong plan costs one pass over the tenant's runs, not one per id).
+    needs the tenant: it gives it as TENANT_PK, which leaves the unique index the planner's choice.
     """
     quote = connection.ops.quote_name
     table = quote(Run._meta.db_table)
@@ -102,10 +101,10 @@ def _take_sql() -> tuple[str, str, str]:
         "FROM json_array_elements_text(%s::json) WITH ORDINALITY AS u(k, n) "
         "ORDER BY u.n ON CONFLICT (tenant_id, run_id) DO NOTHING RETURNING id, run_id"
     )
-    find = f"SELECT run_id, id FROM {table} WHERE tenant_id = %s AND run_id = ANY(%s::text[])"
+    find = f"SELECT run_id, id FROM {table} WHERE tenant_id = {TENANT_PK} AND run_id = ANY(%s::text[])"
     # By pk alone: beside `AND tenant_id = ...`, statistics that counted no run of the tenant made
     # the planner read all the tenant's runs through the tenant_id index, for each batch (tests:
-    # test_run_pks). The caller checks each row's tenant.
+    # test_tenant_plans). The caller checks each row's tenant.
     lock = (
         f"SELECT run_id, id, events_count, cost_usd, backend, model, tenant_id FROM {table} "
         "WHERE id = ANY(%s::bigint[]) ORDER BY id FOR NO KEY UPDATE"

@@ -4,12 +4,11 @@ no longer names the run (deleted since, rolled back, another run's after a resto
 from __future__ import annotations
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from ingest.models import Event, Run
 from ingest.services import events_ingest
 from ingest.services.ingestion import _RUN_PKS
-from ingest.services.postgres import _take_sql, json_array
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,23 +66,6 @@ def test_a_pk_that_names_another_run_is_not_trusted(needs_postgres, tenant, othe
     assert (b.events_count, c.events_count, e.events_count) == (2, 1, 1)  # untouched
     assert _seqs(tenant, "r-b") == [1, 2] and _seqs(other_tenant, "r-c") == [1]
     assert _seqs(other_tenant, "r-e") == [1] and _seqs(tenant, "r-e") == [1, 2]
-
-
-def test_the_lock_goes_by_pk_whatever_the_statistics_say(needs_postgres, tenant, other_tenant):
-    """Statistics taken before a tenant had runs (a new tenant, a table emptied and refilled) say it
-    has none. The lock must still find its runs by the primary key: a plan through the tenant_id
-    index reads every run of the tenant, for each batch (a tenant of millions of runs stalls
-    ingest)."""
-    Run.objects.bulk_create([Run(tenant=other_tenant, run_id=f"bulk-{i}") for i in range(5000)])
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE ingest_run")  # the tenant has no run yet
-    mine = Run.objects.bulk_create([Run(tenant=tenant, run_id=f"mine-{i}") for i in range(3000)])
-    pks = sorted(run.pk for run in mine)[:20]
-    with connection.cursor() as cursor:
-        lock = _take_sql()[2]
-        cursor.execute(f"EXPLAIN {lock}", [json_array(pks)])
-        plan = "\n".join(line for (line,) in cursor.fetchall())
-    assert "ingest_run_pkey" in plan and "tenant" not in plan, plan
 
 
 def test_a_batch_rolled_back_leaves_no_pk_behind(needs_postgres, tenant):
