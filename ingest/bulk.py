@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import psycopg
 from django.db import connection, models
+from django.db.models.expressions import RawSQL
 
 _PORTABLE: ContextVar[bool] = ContextVar("portable_writes", default=False)
 
@@ -22,6 +23,12 @@ _PORTABLE: ContextVar[bool] = ContextVar("portable_writes", default=False)
 # through an index on tenant_id for each lookup, where the unique (tenant_id, run_id) index finds
 # the one (tests: test_tenant_plans). CAST, not ::, for SQLite too.
 TENANT_PK = "(SELECT CAST(%s AS bigint))"
+
+
+def of_tenant(tenant: Any) -> models.Q:
+    """TENANT_PK for the ORM: Run.objects.filter(of_tenant(tenant), run_id=...). `tenant`: a Tenant
+    or its pk."""
+    return models.Q(tenant_id=RawSQL(TENANT_PK, (getattr(tenant, "pk", tenant),)))
 
 
 def postgres_statements() -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db.models import Count, F, Q, QuerySet
 
+from ingest.bulk import of_tenant
 from ingest.detection import KINDS, Config, Thresholds, ToolSpec
 from ingest.detection.config import MODE_PREFIX
 from ingest.models import Detection, Event, Run, Tenant, ThresholdSet, ToolConfig
@@ -44,7 +45,7 @@ def run_list(
 
 
 def run_get(*, tenant: Tenant, run_id: str) -> Run | None:
-    return Run.objects.filter(tenant=tenant, run_id=run_id).select_related("cursor").first()
+    return Run.objects.filter(of_tenant(tenant), run_id=run_id).select_related("cursor").first()
 
 
 def run_events(*, run: Run, after_seq: int = 0, limit: int = 1000) -> QuerySet[Event]:

@@ -18,6 +18,7 @@ from ingest.api.errors import ApiError, RateLimited
 from ingest.api.events import ErrorSerializer, RateLimitedSerializer
 from ingest.api.inputs import FlatInput, parse_input
 from ingest.auth import HasIngestScope, HasOperateScope
+from ingest.bulk import of_tenant
 from ingest.guard import (
     CallRefused,
     HandoffRefused,
@@ -279,7 +280,7 @@ class RunHandoffAnswerApi(APIView):
     )
     def post(self, request, run_id: str):
         data = parse_input(HandoffAnswerInput, request)
-        run = Run.objects.filter(tenant=request.user.tenant, run_id=run_id).first()
+        run = Run.objects.filter(of_tenant(request.user.tenant), run_id=run_id).first()
         if run is None:
             raise ApiError(404, "not_found", f"run_id: no run {run_id!r} for this API key's tenant", "run_id")
         try:

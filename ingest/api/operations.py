@@ -17,6 +17,7 @@ from ingest.api.errors import ApiError
 from ingest.api.events import ErrorSerializer as ErrorBody
 from ingest.api.inputs import FlatInput, parse_input
 from ingest.auth import HasLedgerScope
+from ingest.bulk import of_tenant
 from ingest.ledger import (
     DEFAULT_LEASE_S,
     MAX_LEASE_S,
@@ -328,7 +329,7 @@ class OperationDetailApi(APIView):
 
     @extend_schema(operation_id="operations_retrieve", responses={200: dict, 404: ErrorBody})
     def get(self, request, key: str):
-        op = Operation.objects.filter(tenant=request.user.tenant, operation_key=key).first()
+        op = Operation.objects.filter(of_tenant(request.user.tenant), operation_key=key).first()
         if op is None:
             raise ApiError(404, "not_found", f"key: no operation {key!r} for this API key's tenant", "key")
         state = operation_state(op, history=True)

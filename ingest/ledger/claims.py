@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ingest import metrics
-from ingest.bulk import postgres_statements
+from ingest.bulk import TENANT_PK, of_tenant, postgres_statements
 from ingest.detection.config import NON_RETRYABLE, RETRYABLE
 from ingest.detection.normalize import canonical
 from ingest.models import Operation, OperationTransition, Tenant
@@ -178,7 +178,7 @@ def operation_claim(
             return ClaimAnswer("execute", op)
     with transaction.atomic():
         inserted = _insert(tenant, key, tool, args, fp, worker_id, expires, step_id, attempt_id)
-        op = Operation.objects.select_for_update().get(tenant=tenant, operation_key=key)
+        op = Operation.objects.select_for_update().get(of_tenant(tenant), operation_key=key)
         if inserted:
             OperationTransition.objects.create(
                 operation=op,
@@ -369,7 +369,7 @@ def _complete_succeeded(
             f"WITH upd AS (UPDATE {Operation._meta.db_table} SET status = %s, result_json = %s, "
             "result_digest = %s, external_request_id = COALESCE(NULLIF(%s, ''), external_request_id), "
             "lease_expires_at = NULL, updated_at = %s "
-            "WHERE tenant_id = %s AND operation_key = %s AND status = %s AND lease_owner = %s "
+            f"WHERE tenant_id = {TENANT_PK} AND operation_key = %s AND status = %s AND lease_owner = %s "
             "AND attempts = COALESCE(%s::integer, attempts) "
             f"RETURNING {returned}), "
             f"tr AS (INSERT INTO {OperationTransition._meta.db_table} ({_TRANSITION_COLUMNS}) "
@@ -495,7 +495,7 @@ def operation_complete(
             return op
     refused: NotLeaseHolder | None = None
     with transaction.atomic():
-        op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
+        op = Operation.objects.select_for_update().filter(of_tenant(tenant), operation_key=key).first()
         if op is None:
             raise Operation.DoesNotExist(key)
         holder = _holds(op, worker_id, attempt)
@@ -607,7 +607,7 @@ def operation_renew(*, tenant: Tenant, key: str, worker_id: str, attempt: int, l
     expires = now + timedelta(seconds=lease_s)
     # The common case in one UPDATE: a renewal is not a transition (nothing is recorded).
     renewed = Operation.objects.filter(
-        tenant=tenant, operation_key=key, status=S.RUNNING, lease_owner=worker_id, attempts=attempt
+        of_tenant(tenant), operation_key=key, status=S.RUNNING, lease_owner=worker_id, attempts=attempt
     ).update(lease_expires_at=expires, updated_at=now)
     if renewed:
         return Lease(
@@ -615,7 +615,7 @@ def operation_renew(*, tenant: Tenant, key: str, worker_id: str, attempt: int, l
         )
     refused: NotLeaseHolder | None = None
     with transaction.atomic():
-        op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
+        op = Operation.objects.select_for_update().filter(of_tenant(tenant), operation_key=key).first()
         if op is None:
             raise Operation.DoesNotExist(key)
         if op.status == S.UNKNOWN and _holds(op, worker_id, attempt) and op.lease_expires_at is not None:
@@ -651,7 +651,7 @@ def operation_release(
     if not attempt_id and attempt is None:
         raise ValueError("attempt_id or attempt: which attempt gives its claim back")
     with transaction.atomic():
-        op = Operation.objects.select_for_update().filter(tenant=tenant, operation_key=key).first()
+        op = Operation.objects.select_for_update().filter(of_tenant(tenant), operation_key=key).first()
         if op is None:
             raise Operation.DoesNotExist(key)
         mine = op.lease_owner == worker_id and (

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ingest.bulk import concrete_field, db_column, rows_update
+from ingest.bulk import concrete_field, db_column, of_tenant, rows_update
 from ingest.detection.config import NON_RETRYABLE, RETRYABLE
 from ingest.ledger.claims import Actor, S, _move, fingerprint, operation_key_for
 from ingest.models import Operation, OperationTransition
@@ -115,7 +115,7 @@ def _trace_ops_lock(
             wanted.setdefault(run.tenant_id, set()).add(key)
         which = Q()
         for tenant_id, keys in wanted.items():
-            which |= Q(tenant_id=tenant_id, operation_key__in=sorted(keys))
+            which |= of_tenant(tenant_id) & Q(operation_key__in=sorted(keys))
         ops = {
             (op.tenant_id, op.operation_key): op
             for op in Operation.objects.select_for_update().filter(which).order_by("pk")
