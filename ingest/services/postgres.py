@@ -102,9 +102,7 @@ def _take_sql() -> tuple[str, str, str]:
         "ORDER BY u.n ON CONFLICT (tenant_id, run_id) DO NOTHING RETURNING id, run_id"
     )
     find = f"SELECT run_id, id FROM {table} WHERE tenant_id = {TENANT_PK} AND run_id = ANY(%s::text[])"
-    # By pk alone: beside `AND tenant_id = ...`, statistics that counted no run of the tenant made
-    # the planner read all the tenant's runs through the tenant_id index, for each batch (tests:
-    # test_tenant_plans). The caller checks each row's tenant.
+    # By pk alone (see above; tests: test_tenant_plans): the caller checks each row's tenant.
     lock = (
         f"SELECT run_id, id, events_count, cost_usd, backend, model, tenant_id FROM {table} "
         "WHERE id = ANY(%s::bigint[]) ORDER BY id FOR NO KEY UPDATE"

@@ -21,13 +21,20 @@ pytestmark = pytest.mark.django_db(transaction=True)
 UNIQUE = "run_tenant_run_id_uniq"
 
 
+def _stored_after_statistics(model, make, tenant, other_tenant) -> list:
+    """3,000 rows of `tenant` (make(tenant, i)), stored after statistics of `model`'s table that saw
+    only other_tenant's 5,000."""
+    model.objects.bulk_create([make(other_tenant, i) for i in range(5000)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {model._meta.db_table}")
+    return model.objects.bulk_create([make(tenant, i) for i in range(3000)])
+
+
 @pytest.fixture
 def new_tenant_runs(needs_postgres, tenant, other_tenant) -> list[Run]:
-    """3,000 runs of `tenant`, stored after statistics that saw only other_tenant's 5,000."""
-    Run.objects.bulk_create([Run(tenant=other_tenant, run_id=f"theirs-{i}") for i in range(5000)])
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE ingest_run")
-    runs = Run.objects.bulk_create([Run(tenant=tenant, run_id=f"mine-{i}") for i in range(3000)])
+    runs = _stored_after_statistics(
+        Run, lambda owner, i: Run(tenant=owner, run_id=f"run-{i}"), tenant, other_tenant
+    )
     return sorted(runs, key=lambda run: run.pk)[:20]
 
 
@@ -67,16 +74,10 @@ def test_the_api_finds_a_run_by_its_id(new_tenant_runs, tenant):
 
 
 def test_the_ledger_finds_an_operation_by_its_key(needs_postgres, tenant, other_tenant):
-    def operations(owner, count):
-        rows = [
-            Operation(tenant=owner, operation_key=f"k-{i}", tool="t", fingerprint="f") for i in range(count)
-        ]
-        Operation.objects.bulk_create(rows)
+    def operation(owner, i):
+        return Operation(tenant=owner, operation_key=f"k-{i}", tool="t", fingerprint="f")
 
-    operations(other_tenant, 5000)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE ingest_operation")
-    operations(tenant, 3000)
+    _stored_after_statistics(Operation, operation, tenant, other_tenant)
     # as ingest.ledger.claims locks it for a claim, a renewal, a result
     with transaction.atomic():
         plan = Operation.objects.select_for_update().filter(of_tenant(tenant), operation_key="k-5").explain()
