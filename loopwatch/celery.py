@@ -16,7 +16,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopwatch.settings")
 # traffic, ~20 times a batch: 1.1 us an event). A young collection every 50,000 allocations lets a
 # pass's objects come and go unscanned; cyclic garbage waits that long, a few MB at most. Only in
 # Celery's worker processes: in the web processes the rarer, longer collections put pauses of up
-# to ~100 ms into the guard's tail (bench/guard.py: p99 at 300/s from 8 to 11-20 ms).
+# to ~100 ms into the guard's tail (bench/guard.py: p99 at 300/s from 8 to 11-20 ms); they take
+# a smaller one (loopwatch.asgi.WEB_GC_THRESHOLD).
 GC_THRESHOLD = (50_000, 20, 20)
 
 app = Celery("loopwatch")
