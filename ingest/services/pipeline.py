@@ -440,13 +440,24 @@ def _pass_run(order: list[int], limit: int, skip_locked: bool, cache: _PassCache
 
 
 def _quarantine(run_pk: int, exc: BaseException) -> None:
-    """Mark the run's cursor failed once more, with why and when to try again (doubling waits)."""
+    """Mark the run's cursor failed once more, with why and when to try again (doubling waits).
+
+    Once a try: a run another task quarantined meanwhile (retry_at still ahead) is left as it is.
+    The failed pass's savepoint lets go of the cursor's lock before this takes it again, and a
+    second worker, queued for the same run, can take the run in between, fail the same way and
+    get here too: counted twice, the run waited twice as long before its next try."""
     reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:QUARANTINE_ERROR_CHARS]
     now = timezone.now()
-    failures = (
-        RunCursor.objects.select_for_update().filter(run_id=run_pk).values_list("failures", flat=True).first()
+    row = (
+        RunCursor.objects.select_for_update()
+        .filter(run_id=run_pk)
+        .values_list("failures", "retry_at")
+        .first()
     )
-    if failures is None:
+    if row is None:
+        return
+    failures, retry_at = row
+    if failures and retry_at is not None and retry_at > now:
         return
     failures += 1
     wait = min(QUARANTINE_FIRST_S * 2 ** min(failures - 1, 20), QUARANTINE_MAX_S)

@@ -169,6 +169,21 @@ def test_a_quarantined_run_waits_for_its_next_try_then_backs_off_then_recovers(t
     assert ToolCall.objects.filter(run_id=pk).count() == 1
 
 
+def test_a_second_task_failing_the_same_try_does_not_count_it_twice(tenant):
+    """Two workers queued for one run: the failed pass's savepoint lets go of the cursor's lock before
+    its quarantine takes it again, and the other worker can take the run in between and fail the
+    same try (test_poison_workers saw failures == 2 in CI). Its quarantine leaves the first one's."""
+    from ingest.services.pipeline import _quarantine
+
+    (pk,) = plant(tenant, corrupt("corrupt"))
+    runs_process(run_pks=[pk])
+    first = _cursor(tenant, "corrupt")
+    with transaction.atomic():
+        _quarantine(pk, KeyError("call_id"))  # the other worker's failure of the same try
+    again = _cursor(tenant, "corrupt")
+    assert (again.failures, again.retry_at, again.failed_at) == (1, first.retry_at, first.failed_at)
+
+
 def test_a_batch_for_a_quarantined_run_does_not_make_it_try_again_early(api, tenant, make_key):
     key = make_key(tenant)
     (pk,) = plant(tenant, corrupt("corrupt"))
