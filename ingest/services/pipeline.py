@@ -457,7 +457,7 @@ def _quarantine(run_pk: int, exc: BaseException) -> None:
     if row is None:
         return
     failures, retry_at = row
-    if failures and retry_at is not None and retry_at > now:
+    if retry_at is not None and retry_at > now:  # set only with failures, cleared with them
         return
     failures += 1
     wait = min(QUARANTINE_FIRST_S * 2 ** min(failures - 1, 20), QUARANTINE_MAX_S)
