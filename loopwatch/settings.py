@@ -147,6 +147,8 @@ REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     redis_url("REDIS_URL", REDIS_URL)
     CELERY_BROKER_URL = REDIS_URL
+    # kombu's Redis transport with a reconnect race closed (loopwatch.broker says which).
+    CELERY_BROKER_TRANSPORT = "loopwatch.broker:Transport"
     CELERY_TASK_ALWAYS_EAGER = False
     CHANNEL_LAYERS = {
         "default": {
