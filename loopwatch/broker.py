@@ -5,8 +5,8 @@ transport's link to its parameters (`transport.client = None`), then closes the 
 channel the collection left open (its close failed on the dead socket before it was marked closed)
 is closed then, and closing it puts its unacknowledged messages back in their queue: that needs a
 new connection pool, built from `transport.client`, and kombu's `_connparams` read `None.hostname`.
-The AttributeError is not a connection error: Celery called it unrecoverable and the worker's
-consumer stopped for good (tests/faults: "redis down, back empty", about one run in six).
+The AttributeError is not a connection error: Celery called it unrecoverable and the worker shut
+down (tests/faults: "redis down, back empty", about one run in six).
 
 Here a channel keeps the parameters it was opened with and builds from them when its transport has
 let go of its own: the messages go back to a Redis that answers, and a Redis still away fails with

@@ -56,7 +56,7 @@ def test_closed_after_collect_with_redis_away_fails_as_a_connection_error(privat
     private_redis.kill()
     connection._do_close_transport()
     # One of the errors Celery's teardown ignores (kombu.common.ignore_errors), then it reconnects;
-    # the AttributeError was not one of them and stopped the worker's consumer.
+    # the AttributeError was not one of them and shut the worker down.
     with pytest.raises(Transport.connection_errors) as raised:
         channel.close()
     assert isinstance(raised.value, redis.ConnectionError), raised.value
