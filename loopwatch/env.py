@@ -138,7 +138,14 @@ def redis_url(name: str, url: str) -> str:
         parts.port  # noqa: B018 - validates the port
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name}: not a valid URL ({exc})") from None
-    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
+    if parts.scheme == "unix":
+        # redis-py and the channel layer would take it; Celery's Redis broker has no such scheme
+        # (kombu: "No such transport: unix"), and the workers could not start.
+        raise ImproperlyConfigured(
+            f"{name}={url!r}: a unix socket is not supported (Celery's broker takes redis:// or rediss://); "
+            "expected redis://host:port/db"
+        )
+    if parts.scheme not in ("redis", "rediss") or not (parts.hostname or parts.path):
         raise ImproperlyConfigured(f"{name}={url!r}: expected redis://host:port/db")
     return url
 

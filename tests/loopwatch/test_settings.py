@@ -73,6 +73,7 @@ def test_database_and_redis_urls_switch_to_the_real_servers():
         ({"DATABASE_URL": "postgres://host/"}, "DATABASE_URL"),
         ({"DATABASE_URL": "postgres://host/db?pool=maybe"}, "DATABASE_URL"),
         ({"REDIS_URL": "http://cache"}, "REDIS_URL"),
+        ({"REDIS_URL": "unix:///run/redis/redis.sock?db=2"}, "unix socket"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "lots"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_MAX_BATCH_EVENTS": "0"}, "LOOPWATCH_MAX_BATCH_EVENTS"),
         ({"LOOPWATCH_KEY_CACHE_S": "-1"}, "LOOPWATCH_KEY_CACHE_S"),
