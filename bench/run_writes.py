@@ -19,8 +19,8 @@ deployment's active agents have recent ids), runs the three in turn (the order a
 commits each; it prints the median, p10 and p90 of each, commit included. The copies carry the
 runs table's indexes and checks but not the foreign keys of the eight tables that reference a
 run, whose checks add ~10 % to an UPDATE of the real table (a perf profile, 2026-12-02): ways 1
-and 2 cost a little more there. The database must be named *bench*; the copies are dropped at the
-end.
+and 2 cost a little more there. The database must be named *bench* (its runs and events are
+emptied first); the copies are dropped at the end.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def measure(args) -> dict[str, list[float]]:
         raw.execute(merge, [*params, "[]"])
 
     def count(sql: str, ids: list[int]) -> None:
-        raw.execute(sql, [json_array(ids), json_array(ids), json_array([1] * len(ids))]).fetchall()
+        pks = json_array(ids)  # the lock's and the update's
+        raw.execute(sql, [pks, pks, json_array([1] * len(ids))]).fetchall()
 
     ways = {
         WAYS[0]: lock_and_merge,
