@@ -7,8 +7,9 @@
 bench/ingest.py measures the whole stack and its ratio to COPY; its figures move with everything
 else the machine does. This one calls the service a REST batch calls (ingest.services.events_ingest)
 with bench/ingest.py's events, in one thread, and times each step of storing a batch on PostgreSQL:
-taking the runs (create the new ones, lock all), pricing, the COPY of the events, the UPDATE of the
-runs' figures, the commit, queueing detection. Per shape (runs per batch of 1,000 events), on
+taking the runs (create the new ones, lock and number all in one statement), the COPY of the events,
+the commit, queueing detection (the UPDATE of what run_started / run_finished describe, for the few
+runs whose batch holds one, is in the whole batch's time only). Per shape (runs per batch of 1,000 events), on
 emptied tables: 5 batches to warm up, then --batches - 5 measured; prints ms per batch for each
 step, the whole batch, and the WAL it wrote. With --detect, each batch's runs then go through a
 detection pass in the same thread (ingest.services.runs_process, as the detect_runs task runs it
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import SetupError, ensure_database, manage, redis_purge, reset_tables, server_env
 from bench.ingest import TENANT, client_stream
 
-STEPS = ("_runs_take", "_price", "_events_copy", "_runs_merge", "detection_enqueue")
+STEPS = ("_runs_take", "_events_copy", "detection_enqueue")
 WARM_UP = 5
 
 

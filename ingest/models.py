@@ -108,7 +108,13 @@ class ModelPrice(models.Model):
 
 
 class Run(models.Model):
-    """One agent task execution; its figures are kept current as events arrive."""
+    """One agent task execution.
+
+    Ingest numbers its events (events_count) and writes what run_started and run_finished describe;
+    the detection pass counts the rest of its figures (rounds, calls, errors, tokens, cost, first
+    and last event) as it reads each event once (RunCursor.figures_seq): they are as current as
+    detection is.
+    """
 
     class Status(models.TextChoices):
         RUNNING = "running"
@@ -140,7 +146,8 @@ class Run(models.Model):
     output_tokens = models.BigIntegerField(default=0)
     cost_usd = models.FloatField(default=0)
     events_count = models.PositiveIntegerField(default=0, help_text="Stored events; also the last seq.")
-    # Written by detection (the per-run task), never by ingest.
+    # Written by detection (the per-run task), never by ingest; so are rounds ... cost_usd, started_at
+    # and last_event_at (ingest sets started_at too, with run_started's ts).
     loop_flagged = models.BooleanField(
         default=False, help_text="An intervention (correct or stronger) fired."
     )
@@ -258,6 +265,13 @@ class RunCursor(models.Model):
     run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="cursor")
     position = models.PositiveIntegerField(default=0)
     processed = models.PositiveIntegerField(default=0, help_text="Events processed, all passes together.")
+    figures_seq = models.PositiveIntegerField(
+        default=0,
+        help_text=(
+            "Events with seq <= figures_seq are counted in the run's figures (rounds, calls, tokens, "
+            "cost): a run processed again from its first event is not counted twice."
+        ),
+    )
     engine_state = JSONText(null=True, blank=True, help_text="The detection engine's RunState (JSON).")
     updated_at = models.DateTimeField(auto_now=True)
     failures = models.PositiveIntegerField(

@@ -56,6 +56,7 @@ class Numbering:
     moved_rounds: list[ModelRound] = field(default_factory=list)
     moved_calls: list[ToolCall] = field(default_factory=list)
     bodies: list[tuple[int, int, int]] = field(default_factory=list)  # (run pk, seq, round) to rewrite
+    highest: dict[int, int] = field(default_factory=dict)  # run pk -> its greatest round number given
 
     def of(self, run_pk: int, seq: int, body: dict[str, Any]) -> int:
         return self.rounds.get((run_pk, seq), body["round"])
@@ -138,6 +139,8 @@ def rounds_number(
 
 
 def _renumber(numbering: Numbering, run_pk: int, item: _Round | _Call, number: int, model) -> None:
+    if model is ModelRound and number > numbering.highest.get(run_pk, 0):
+        numbering.highest[run_pk] = number
     if item.pk is None:
         numbering.rounds[(run_pk, item.seq)] = number
     elif item.round != number:

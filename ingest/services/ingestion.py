@@ -1,12 +1,12 @@
-"""Event ingestion: validate a batch, store its valid events and the runs' figures in one
-transaction, then queue detection of the runs it touched."""
+"""Event ingestion: validate a batch, store its valid events in one transaction (numbered per run,
+with what run_started and run_finished describe of their runs), then queue detection of the runs
+it touched, which counts the rest of the runs' figures."""
 
 from __future__ import annotations
 
 import copy
 import functools
 import itertools
-import math
 import operator
 import threading
 from collections import Counter, defaultdict
@@ -19,26 +19,23 @@ import orjson
 from django.db import connection, models, transaction
 
 from ingest.bulk import concrete_field, db_column, postgres_statements, statements_run
-from ingest.detection.bounds import MAX_TOTAL_USD
 from ingest.models import (
     Event,
     Run,
     RunCursor,
     Tenant,
 )
-from ingest.pricing import PriceBook
 from ingest.schema import EventError, find_nul, validate_event
 from ingest.services.pipeline import detection_enqueue
 from ingest.services.postgres import (
     _EVENTS_STORED_SQL,
     _RUNS_DROP_EMPTY_SQL,
-    MERGED_FIGURES,
-    RUN_FIGURES,
+    DESCRIBED,
     STARTED_FIGURES,
+    _cursor_fields,
+    _describe_sql,
     _events_copy,
     _insert_missing_sql,
-    _merge_sql,
-    _PriceBook,
     _take_fields,
     _take_sql,
     json_array,
@@ -108,8 +105,9 @@ def events_ingest(
     1. Validate each event; a bad one gets a `rejected` verdict and the others go on.
     2. In one transaction: create the runs that are new, lock every touched run (in pk order, so
        concurrent batches cannot deadlock), drop events already stored, number the rest per run
-       (`seq`), store them in one COPY, update the runs' figures.
-    3. After the commit, queue one detection task per run.
+       (`seq`), store them in one COPY, write what run_started / run_finished describe.
+    3. After the commit, queue detection of the runs; its pass counts their other figures
+       (rounds, calls, errors, tokens, cost, first and last event).
     Raises EventTooLarge before storing anything when one event is over the limit.
     """
     verdicts: list[Verdict | None] = [None] * len(events)
@@ -207,8 +205,8 @@ def _store(
 ) -> list[int]:
     """Store the valid events in the caller's transaction: create the runs that are new, lock every
     touched run (in pk order), drop events already stored (check_stored), number the rest per run,
-    insert them, update the runs' figures and create the new runs' detection cursors. Returns the
-    pks of the runs that got events."""
+    insert them, write the runs' descriptions and create the new runs' detection cursors. Returns
+    the pks of the runs that got events."""
     store = _store_set if _set_based() else _store_orm
     return store(tenant, valid, verdicts, check_stored=check_stored, ledger_scope=ledger_scope)
 
@@ -216,91 +214,14 @@ def _store(
 # --- storing a batch on PostgreSQL: one statement per step for all the batch's runs -------------
 #
 # The cost of a batch was per run it touched: a batch of 1,000 events over 1,000 runs reached a
-# quarter of a raw COPY of its rows, one over 20 runs two thirds. Per run the database probed the
-# run's unique index in an INSERT ... ON CONFLICT (a sequence value spent on each), locked and read
-# twenty columns, and wrote the whole row back, usually not as a HOT update (a page full of runs
-# all updated by the same statement had no room for their new versions: the table's fillfactor,
-# migration 0013, leaves it). Now one round trip creates only the missing runs and locks them all,
-# reading the six columns numbering and pricing need; the UPDATE merges the batch's own figures
-# (counts added, earliest start, latest event, description set only by run_started and
-# run_finished) into the stored ones.
-
-
-class _RunBatch:
-    """A locked run (pk, the events it holds, its cost, backend and model) and what this batch adds
-    to it. The counts are the batch's own (the UPDATE adds them); cost_usd is the new total, summed
-    event by event from the stored one as _run_apply sums it, so both paths store the same float.
-    `described` holds the description fields the batch's run_started / run_finished set."""
-
-    __slots__ = (
-        "backend",
-        "cost_usd",
-        "described",
-        "events_count",
-        "input_tokens",
-        "last_event_at",
-        "model",
-        "output_tokens",
-        "pk",
-        "rounds",
-        "started_at",
-        "tool_calls",
-        "tool_errors",
-        "unverified_from_seq",
-    )
-
-    def __init__(self, pk: int, events_count: int, cost_usd: float, backend: str, model: str) -> None:
-        self.pk = pk
-        self.events_count = events_count
-        self.cost_usd = cost_usd
-        self.backend = backend
-        self.model = model
-        self.started_at: datetime | None = None
-        self.last_event_at: datetime | None = None
-        self.unverified_from_seq: int | None = None
-        self.rounds = self.tool_calls = self.tool_errors = self.input_tokens = self.output_tokens = 0
-        self.described: dict[str, Any] | None = None
-
-
-def _batch_apply(run: _RunBatch, event: dict[str, Any], ts: datetime) -> bool:
-    """Fold one event into what the batch adds to its run, as _run_apply folds it into a Run. True
-    when it is a model round whose cost must be priced."""
-    kind = event["type"]
-    if run.started_at is None or ts < run.started_at:
-        run.started_at = ts
-    if run.last_event_at is None or ts > run.last_event_at:
-        run.last_event_at = ts
-    if kind == "model_round":
-        if event["round"] > run.rounds:
-            run.rounds = event["round"]
-        run.input_tokens += event.get("input_tokens", 0)
-        run.output_tokens += event.get("output_tokens", 0)
-        if "cost_usd" in event:
-            run.cost_usd = min(run.cost_usd + event["cost_usd"], MAX_TOTAL_USD)
-            return False
-        return True
-    if kind == "tool_call":
-        run.tool_calls += 1
-    elif kind == "tool_result":
-        if event["status"] != "ok":
-            run.tool_errors += 1
-    elif kind == "run_started":
-        described = run.described if run.described is not None else {}
-        for name in STARTED_FIGURES:
-            if name in event:
-                described[name] = event[name]
-        run.backend = event.get("backend", run.backend)
-        run.model = event.get("model", run.model)
-        run.described = described
-    elif kind == "run_finished":
-        described = run.described if run.described is not None else {}
-        described["status"] = event["status"]
-        described["terminated_by"] = event.get("terminated_by", "")
-        described["budget_type"] = event.get("budget_type", "")
-        described["reason"] = event.get("reason", "")
-        described["finished_at"] = ts
-        run.described = described
-    return False
+# quarter of a raw COPY of its rows, one over 20 runs two thirds. Per run the database locked and
+# read the run, then merged twenty figures into its row. Now one statement locks the batch's runs in
+# pk order and numbers them (each run's events_count raised by its events in the batch, the count
+# before returned: the first seq), and creates the detection cursors of the runs that had none;
+# the COPY stores the events; a small UPDATE writes what run_started and run_finished describe, for
+# the few runs whose batch holds one. The other figures (rounds, calls, errors, tokens, cost, first
+# and last event) are counted by the detection pass, which reads every event anyway and writes each
+# run it processes (pipeline._detect).
 
 
 def _store_set(
@@ -311,60 +232,82 @@ def _store_set(
     check_stored: bool,
     ledger_scope: bool,
 ) -> list[int]:
-    """_store on PostgreSQL: whatever the number of runs, one round trip creates and locks them, one
-    reads the prices the batch needs (if any), one COPY stores the events and one UPDATE writes the
-    figures (with the new runs' cursors)."""
-    locked = _runs_take(tenant.pk, sorted({item[1]["run_id"] for item in valid}))[1]
-    runs = {run_id: _RunBatch(*figures) for run_id, *figures in locked}
-    fresh = [run.pk for run in runs.values() if run.events_count == 0]
+    """_store on PostgreSQL: whatever the number of runs, one round trip creates, locks and numbers
+    them, one COPY stores the events, and one UPDATE the description of the runs whose batch holds a
+    run_started or run_finished (if any).
+
+    Without check_stored every valid event is stored (the unique index refuses a duplicate: the
+    caller then stores the batch again with check_stored). With it, the runs are locked first, the
+    events already stored dropped, and the rest numbered."""
+    run_ids = sorted({item[1]["run_id"] for item in valid})
     stored: set[tuple[int, str]] = set()
     if check_stored:
+        locked = _runs_take(tenant.pk, run_ids)[1]
+        pks = {run_id: pk for run_id, pk, *_ in locked}
         # Only runs that already hold events can hold a duplicate of this batch's events.
-        older = {run.pk for run in runs.values() if run.events_count}
+        older = {pk for _, pk, events_count, *_ in locked if events_count}
         event_ids = {
             event["event_id"]
             for _, event, _, _ in valid
-            if "event_id" in event and runs[event["run_id"]].pk in older
+            if "event_id" in event and pks[event["run_id"]] in older
         }
         stored = _events_stored(older, event_ids) if event_ids else set()
+    counts: dict[str, int] = defaultdict(int)
+    kept: list[_Valid] = []
+    for item in valid:
+        index, event = item[0], item[1]
+        if stored:
+            event_id = event.get("event_id")
+            if event_id is not None and (pks[event["run_id"]], event_id) in stored:
+                verdicts[index] = {"index": index, "status": "duplicate"}
+                continue
+        counts[event["run_id"]] += 1
+        kept.append(item)
+    if check_stored:
+        # Locked already: numbered (and the runs left without an event given their cursor) as the
+        # first try numbers them.
+        numbered = _runs_number(tenant.pk, [(pks[r], counts.get(r, 0)) for r in run_ids], ledger_scope)
+    else:
+        numbered = _runs_take(tenant.pk, run_ids, counts=counts, ledger_scope=ledger_scope)[1]
+    runs = {run_id: [pk, before] for run_id, pk, before, *_ in numbered}
     rows: list[tuple] = []
-    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    changed: dict[int, _RunBatch] = {}
-    for index, event, ts, body in valid:
+    described: dict[int, dict[str, Any]] = {}
+    for index, event, ts, body in kept:
         run = runs[event["run_id"]]
-        run_pk = run.pk
-        event_id = event.get("event_id")
-        if stored and event_id is not None and (run_pk, event_id) in stored:
-            verdicts[index] = {"index": index, "status": "duplicate"}
-            continue
-        seq = run.events_count = run.events_count + 1
-        if not ledger_scope and run.unverified_from_seq is None:
-            run.unverified_from_seq = seq
-        rows.append((run_pk, seq, event_id, event["type"], ts, body))
-        if _batch_apply(run, event, ts):
-            unpriced[run_pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
-        changed[run_pk] = run
+        run_pk = run[0]
+        seq = run[1] = run[1] + 1
+        kind = event["type"]
+        rows.append((run_pk, seq, event.get("event_id"), kind, ts, body))
+        if kind == "run_started" or kind == "run_finished":
+            _describe(described.setdefault(run_pk, {"id": run_pk}), event, ts)
         verdicts[index] = {"index": index, "status": "accepted"}
     if not rows:
-        if fresh:
-            _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
         return []
-    if unpriced:
-        _price(changed, unpriced, _PriceBook)
     # Each run's rows together (in seq order: the sort is stable), as its index entries lie.
     rows.sort(key=_BY_RUN)
     _events_copy(tenant.pk, rows)
-    _runs_merge(list(changed.values()), fresh)
-    return list(changed)
+    if described:
+        with connection.cursor() as cursor:
+            cursor.execute(_describe_sql(), [orjson.dumps(list(described.values())).decode()])
+    return list(dict.fromkeys(row[0] for row in rows))
 
 
-def _price(changed: dict, unpriced: dict[int, list[tuple[int, int]]], book_class: type[PriceBook]) -> None:
-    """Add the cost of the model rounds that came without one, from the price table."""
-    book = book_class({(changed[pk].backend, changed[pk].model) for pk in unpriced})
-    for pk, usage in unpriced.items():
-        run = changed[pk]
-        price = book.price(run.backend, run.model)
-        run.cost_usd = min(run.cost_usd + sum(price.cost(i, o) for i, o in usage), MAX_TOTAL_USD)
+def _describe(into: dict[str, Any], event: dict[str, Any], ts: datetime) -> None:
+    """What a run_started or run_finished says of its run, as columns (postgres.DESCRIBED): a later
+    event of the batch overrides an earlier one field by field; started_at is the earliest
+    run_started's ts."""
+    if event["type"] == "run_started":
+        for name in STARTED_FIGURES:
+            if name in event:
+                into[name] = event[name]
+        if "started_at" not in into or ts < into["started_at"]:
+            into["started_at"] = ts
+    else:
+        into["status"] = event["status"]
+        into["terminated_by"] = event.get("terminated_by", "")
+        into["budget_type"] = event.get("budget_type", "")
+        into["reason"] = event.get("reason", "")
+        into["finished_at"] = ts
 
 
 class _RunPks:
@@ -405,9 +348,13 @@ class _StalePks(Exception):
         self.run_ids = run_ids
 
 
-def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tuple]]:
+def _runs_take(
+    tenant_pk: int, run_ids: list[str], *, counts: dict[str, int] | None = None, ledger_scope: bool = True
+) -> tuple[list[int], list[tuple]]:
     """Create the runs among these (sorted) that are not stored, then lock them all in pk order
-    (PostgreSQL): (pks created, [(run_id, pk, events_count, cost_usd, backend, model)]).
+    (PostgreSQL): (pks created, [(run_id, pk, events_count, tenant_id)]). With `counts` (events the
+    batch adds, by run_id) the same statement numbers them (_take_sql's `number`): events_count is
+    then the count before the batch's.
 
     Inserts first, then locks: a batch waits on another's new run only while it holds no lock, and
     locks in pk order, so concurrent batches sharing runs cannot deadlock. Row locks take no slot of
@@ -423,7 +370,7 @@ def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tupl
     for _ in range(3):
         try:
             with transaction.atomic():
-                return _runs_take_once(tenant_pk, run_ids)
+                return _runs_take_once(tenant_pk, run_ids, counts, ledger_scope)
         except _StalePks as stale:
             _RUN_PKS.forget(tenant_pk, stale.run_ids)
     # Forgotten, they are inserted or found by run id the next time: only runs deleted while this
@@ -431,9 +378,12 @@ def _runs_take(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tupl
     raise RuntimeError(f"runs {sorted(run_ids)[:5]} deleted while being taken")
 
 
-def _runs_take_once(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list[tuple]]:
-    """One try of _runs_take: raises _StalePks if a pk it knew names no longer the run."""
-    insert, find, lock = _take_sql()
+def _runs_take_once(
+    tenant_pk: int, run_ids: list[str], counts: dict[str, int] | None, ledger_scope: bool
+) -> tuple[list[int], list[tuple]]:
+    """One try of _runs_take: raises _StalePks if a pk it knew names no longer the run (what the
+    try wrote is rolled back with its savepoint)."""
+    insert, find, lock, _ = _take_sql()
     known = _RUN_PKS.pks
     pks: dict[str, int] = {}
     unknown: list[str] = []
@@ -457,10 +407,16 @@ def _runs_take_once(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list
         pks.update(found or ())
         # Learnt when the transaction commits: a batch rolled back leaves no pk of a run never stored.
         transaction.on_commit(lambda: _RUN_PKS.learn(tenant_pk, found or ()), robust=True)
-    with connection.cursor() as cursor:
-        cursor.execute(lock, [json_array(sorted(pks.values()))])
-        # The pk still names this run of this tenant (_StalePks otherwise).
-        locked = [row[:-1] for row in cursor.fetchall() if pks.get(row[0]) == row[1] and row[-1] == tenant_pk]
+    if counts is None:
+        with connection.cursor() as cursor:
+            cursor.execute(lock, [json_array(sorted(pks.values()))])
+            rows = cursor.fetchall()
+    else:
+        rows = _runs_number(
+            tenant_pk, [(pks[run_id], counts.get(run_id, 0)) for run_id in run_ids], ledger_scope
+        )
+    # The pk still names this run of this tenant (_StalePks otherwise).
+    locked = [row for row in rows if pks.get(row[0]) == row[1] and row[-1] == tenant_pk]
     if len(locked) < len(run_ids):
         gone = set(run_ids).difference(row[0] for row in locked)
         if gone.issubset(unknown):
@@ -469,28 +425,19 @@ def _runs_take_once(tenant_pk: int, run_ids: list[str]) -> tuple[list[int], list
     return created, locked
 
 
-_FLOAT_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
-
-
-def _runs_merge(runs: list[_RunBatch], fresh: list[int]) -> None:
-    """Write the batch's figures into its runs with one UPDATE (an array per figure, _merge_sql),
-    and create the fresh runs' detection cursors in its WITH clause (PostgreSQL)."""
-    params: list[Any] = [json_array([run.pk for run in runs])]
-    for name in MERGED_FIGURES:
-        values: list[Any] = list(map(operator.attrgetter(name), runs))
-        if name == "cost_usd" and not all(map(math.isfinite, values)):
-            values = [c if math.isfinite(c) else _FLOAT_TEXT.get(c, "NaN") for c in values]  # not in JSON
-        params.append(json_array(values))
-    params.append(
-        orjson.dumps([{"id": run.pk, **run.described} for run in runs if run.described is not None]).decode()
-    )
-    sql = _merge_sql()
-    if fresh:
-        cursor_sql, cursor_params = _insert_missing_sql(RunCursor, RunCursor(), "run_id", fresh)
-        sql = f"WITH cursors AS ({cursor_sql}) {sql}"
-        params = [*cursor_params, *params]
+def _runs_number(tenant_pk: int, counts: list[tuple[int, int]], ledger_scope: bool) -> list[tuple]:
+    """Lock these runs (pks) in pk order and raise each one's events_count by its count, in one
+    statement (_take_sql's `number`): [(run_id, pk, events_count before, tenant_id)] in pk order.
+    Without the ledger scope a run's first unverified seq is set (if it was not). A run that had no
+    event gets its detection cursor."""
+    counts = sorted(counts)
+    pks = json_array([pk for pk, _ in counts])
+    template = RunCursor()
+    defaults = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in _cursor_fields()]
+    params = [pks, not ledger_scope, pks, json_array([k for _, k in counts]), *defaults]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_take_sql()[3], params)
+        return cursor.fetchall()
 
 
 def runs_hold(*, tenant: Tenant, run_ids: list[str]) -> list[int]:
@@ -533,8 +480,9 @@ def _store_orm(
     ledger_scope: bool,
 ) -> list[int]:
     """_store with model instances: the runs created by one INSERT, locked (on SQLite the
-    transaction is the lock) and read whole, folded event by event (_run_apply), written back
-    with one UPDATE per run."""
+    transaction is the lock) and read whole, numbered and described event by event, written back
+    with one UPDATE per run. What _store_set writes, no more: the other figures are the detection
+    pass's."""
     run_ids = sorted({item[1]["run_id"] for item in valid})
     # Inserts in run_id order, then locks in pk order: two batches touching the same runs never deadlock.
     _insert_missing(Run, Run(tenant=tenant), "run_id", run_ids)
@@ -553,7 +501,6 @@ def _store_orm(
         }
         stored = _events_stored(older, event_ids) if event_ids else set()
     rows: list[tuple] = []
-    unpriced: dict[int, list[tuple[int, int]]] = defaultdict(list)
     changed: dict[int, Run] = {}
     for index, event, ts, body in valid:
         run = runs[event["run_id"]]
@@ -565,16 +512,13 @@ def _store_orm(
         if not ledger_scope and run.unverified_from_seq is None:
             run.unverified_from_seq = seq
         rows.append((run.pk, seq, event_id, event["type"], ts, body))
-        if _run_apply(run, event, ts):
-            unpriced[run.pk].append((event.get("input_tokens", 0), event.get("output_tokens", 0)))
+        _run_describe(run, event, ts)
         changed[run.pk] = run
         verdicts[index] = {"index": index, "status": "accepted"}
     if fresh:
         _insert_missing(RunCursor, RunCursor(), "run_id", fresh)
     if not rows:
         return []
-    if unpriced:
-        _price(changed, unpriced, PriceBook)
     Event.objects.bulk_create(
         [
             Event(tenant_id=tenant.pk, run_id=r, seq=s, event_id=e, type=k, ts=ts, body=orjson.loads(b))
@@ -584,13 +528,18 @@ def _store_orm(
     )
     # One UPDATE per run (executemany), not bulk_update(): its CASE ... WHEN expressions cost Django
     # ~2 ms of CPU per run, most of a batch.
-    fields = [concrete_field(Run, name) for name in RUN_FIGURES]
+    fields = [concrete_field(Run, name) for name in INGEST_FIGURES]
     assignments = ", ".join(f"{connection.ops.quote_name(db_column(f))} = %s" for f in fields)
     sql = f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {assignments} WHERE id = %s"
     params = [[_db_value(f, getattr(run, f.attname)) for f in fields] + [run.pk] for run in changed.values()]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
     return list(changed)
+
+
+# What ingest writes of a run: the count that numbers its events, where its unverified events
+# start, and what run_started / run_finished describe (the rest: pipeline._figures).
+INGEST_FIGURES = ("events_count", "unverified_from_seq", *DESCRIBED)
 
 
 _BY_RUN = operator.itemgetter(0)
@@ -636,37 +585,21 @@ def _db_value(field, value: Any) -> Any:
     return value
 
 
-def _run_apply(run: Run, event: dict[str, Any], ts: datetime) -> bool:
-    """Fold one event into the run's figures. True when it is a model round whose cost must be priced."""
+def _run_describe(run: Run, event: dict[str, Any], ts: datetime) -> None:
+    """What a run_started or run_finished says of the run, on the Run (as _describe says it)."""
     kind = event["type"]
-    if run.started_at is None or ts < run.started_at:
-        run.started_at = ts
-    if run.last_event_at is None or ts > run.last_event_at:
-        run.last_event_at = ts
-    if kind == "model_round":
-        run.rounds = max(run.rounds, event["round"])
-        run.input_tokens += event.get("input_tokens", 0)
-        run.output_tokens += event.get("output_tokens", 0)
-        if "cost_usd" in event:
-            run.cost_usd = min(run.cost_usd + event["cost_usd"], MAX_TOTAL_USD)
-            return False
-        return True
-    if kind == "tool_call":
-        run.tool_calls += 1
-    elif kind == "tool_result":
-        if event["status"] != "ok":
-            run.tool_errors += 1
-    elif kind == "run_started":
+    if kind == "run_started":
         run.agent = event.get("agent", run.agent)
         run.task_type = event.get("task_type", run.task_type)
         run.backend = event.get("backend", run.backend)
         run.model = event.get("model", run.model)
         run.budgets = event.get("budgets", run.budgets)
         run.labels = event.get("labels", run.labels)
+        if run.started_at is None or ts < run.started_at:
+            run.started_at = ts
     elif kind == "run_finished":
         run.status = event["status"]
         run.terminated_by = event.get("terminated_by", "")
         run.budget_type = event.get("budget_type", "")
         run.reason = event.get("reason", "")
         run.finished_at = ts
-    return False

@@ -24,7 +24,7 @@ import psycopg
 from celery import Task, current_app
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, models, transaction
-from django.db.models.functions import Least, RowNumber
+from django.db.models.functions import Coalesce, Greatest, Least, RowNumber
 from django.utils import timezone
 from psycopg.errors import LockNotAvailable
 
@@ -474,6 +474,47 @@ def _quarantine(run_pk: int, exc: BaseException) -> None:
         reason,
         exc_info=exc,
     )
+    _figures_catch_up(run_pk)
+
+
+def _figures_catch_up(run_pk: int) -> None:
+    """Count a quarantined run's events into its figures without detecting them: a run whose
+    detection fails still shows its rounds, calls, tokens and cost (what ingest used to count),
+    up to PROCESS_CHUNK events at each failed try. The pass that succeeds later counts only what
+    this left (RunCursor.figures_seq). In a savepoint of its own: when the events cannot be read
+    either (what quarantined the run, say), the figures stay where they were."""
+    try:
+        with transaction.atomic():
+            counted = (
+                RunCursor.objects.select_for_update()
+                .filter(run_id=run_pk)
+                .values_list("figures_seq", flat=True)
+                .first()
+            )
+            if counted is None:
+                return
+            run = Run.objects.only("backend", "model").get(pk=run_pk)
+            events: _Events = list(
+                Event.objects.filter(run_id=run_pk, seq__gt=counted)
+                .order_by("seq")
+                .values_list("seq", "type", "ts", "body")[:PROCESS_CHUNK]
+            )
+            if not events:
+                return
+            price = PriceBook({(run.backend, run.model)}).price(run.backend, run.model)
+            for _, kind, _, body in events:
+                if kind == "model_round" and "cost_usd" not in body:  # as _materialize prices it
+                    body["cost_usd"] = price.cost(body.get("input_tokens", 0), body.get("output_tokens", 0))
+            _figures_save(run_pk, _figures(run_pk, events, counted, Numbering()))
+            RunCursor.objects.filter(run_id=run_pk).update(
+                figures_seq=events[-1][0], updated_at=timezone.now()
+            )
+    except _NOT_THE_RUNS:
+        raise
+    except Exception as exc:
+        logger.warning(
+            "run %s: its figures could not be counted either: %s: %s", run_pk, type(exc).__name__, exc
+        )
 
 
 @dataclass(slots=True)
@@ -482,6 +523,7 @@ class _CursorRow:
 
     position: int
     processed: int
+    figures_seq: int
     engine_state: dict | None
 
 
@@ -515,8 +557,10 @@ def _pass_read(
     )
     loads = orjson.loads
     cursors = {
-        pk: _CursorRow(position, processed, loads(state) if isinstance(state, str | bytes) else state)
-        for pk, position, processed, state in locked or ()
+        pk: _CursorRow(
+            position, processed, counted, loads(state) if isinstance(state, str | bytes) else state
+        )
+        for pk, position, processed, counted, state in locked or ()
     }
     events = defaultdict(list)
     for run_pk, seq, kind, ts, body in rows or ():
@@ -552,7 +596,8 @@ def _events_after(cursors: dict[int, _CursorRow | RunCursor], limit: int) -> dic
 def run_reprocess(*, run_pk: int) -> int:
     """Process a run again from its first event (after a fix or a threshold change).
 
-    Rounds and calls are rebuilt; detections already stored are kept and not stored twice.
+    Rounds and calls are rebuilt; detections already stored are kept and not stored twice; the
+    run's figures are not counted again (RunCursor.figures_seq).
     """
     with transaction.atomic():
         cursor = RunCursor.objects.select_for_update().get(run_id=run_pk)
@@ -636,6 +681,7 @@ def _detect(
         if state.terminated_by:
             # What the engine concluded; the runtime's own run_finished, when it comes, says what happened.
             figure["terminated_by"], figure["budget_type"] = state.terminated_by, state.budget_type
+        figure.update(_figures(run.pk, run_events, cursor.figures_seq, numbering))
         figures.append(figure)
         positions.append(
             {
@@ -695,6 +741,47 @@ def _detect(
         for run in runs
         for detection in stored[run.pk]
     ]
+
+
+def _figures(run_pk: int, events: _Events, counted: int, numbering: Numbering) -> dict[str, Any]:
+    """What the pass's events of a run not counted before (seq > counted: RunCursor.figures_seq)
+    add to its figures (postgres.COUNTED_FIGURES): counts and tokens and cost to add, the earliest
+    and latest ts, the greatest round number (OTLP's rounds numbered by start time: the greatest
+    the pass gave, its stored rounds it moved too). Each model round's cost is the one
+    _materialize gave it (priced when the event had none)."""
+    first: datetime | None = None
+    last: datetime | None = None
+    rounds = numbering.highest.get(run_pk, 0)
+    tool_calls = tool_errors = input_tokens = output_tokens = 0
+    costs: list[float] = []
+    for seq, kind, ts, body in events:
+        if seq <= counted:
+            continue
+        if first is None or ts < first:
+            first = ts
+        if last is None or ts > last:
+            last = ts
+        if kind == "model_round":
+            rounds = max(rounds, numbering.of(run_pk, seq, body))
+            input_tokens += body.get("input_tokens", 0)
+            output_tokens += body.get("output_tokens", 0)
+            costs.append(round_cost(body.get("cost_usd")))
+        elif kind == "tool_call":
+            tool_calls += 1
+        elif kind == "tool_result" and body["status"] != "ok":
+            tool_errors += 1
+    if first is None:
+        return {"rounds": rounds} if rounds else {}
+    return {
+        "rounds": rounds,
+        "tool_calls": tool_calls,
+        "tool_errors": tool_errors,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cost_usd": min(math.fsum(costs), MAX_TOTAL_USD),
+        "started_at": first,
+        "last_event_at": last,
+    }
 
 
 def _loop_cost(run: Run, events: _Events, rows: list[Detection]) -> tuple[int | None, float]:
@@ -770,6 +857,7 @@ def _progress_save(
     numbering.bodies_save()
     for position in positions:
         RunCursor.objects.filter(run_id=position["run_id"]).update(
+            figures_seq=Greatest(models.F("figures_seq"), models.Value(position["position"])),
             position=position["position"],
             processed=position["processed"],
             engine_state=position["engine_state"],
@@ -802,4 +890,24 @@ def _progress_save(
             Run.objects.filter(pk=pk, terminated_by="").update(
                 terminated_by=figure["terminated_by"], budget_type=figure["budget_type"]
             )
+        _figures_save(pk, figure)
     return (list(published) if published is not None else []), incidents
+
+
+def _figures_save(pk: int, figure: dict[str, Any]) -> None:
+    """The counted figures of _figures, into the run (elsewhere than PostgreSQL: _PROGRESS_SQL)."""
+    values: dict[str, Any] = {}
+    if figure.get("rounds"):
+        values["rounds"] = Greatest(models.F("rounds"), models.Value(figure["rounds"]))
+    for name in ("tool_calls", "tool_errors", "input_tokens", "output_tokens"):
+        if figure.get(name):
+            values[name] = models.F(name) + figure[name]
+    if figure.get("cost_usd"):
+        values["cost_usd"] = Least(models.F("cost_usd") + figure["cost_usd"], models.Value(MAX_TOTAL_USD))
+    if "started_at" in figure:
+        # Least / Greatest of a NULL are NULL on SQLite: a run not counted yet takes the pass's.
+        first, last = models.Value(figure["started_at"]), models.Value(figure["last_event_at"])
+        values["started_at"] = Least(Coalesce(models.F("started_at"), first), first)
+        values["last_event_at"] = Greatest(Coalesce(models.F("last_event_at"), last), last)
+    if values:
+        Run.objects.filter(pk=pk).update(**values)

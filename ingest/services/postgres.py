@@ -23,34 +23,24 @@ from ingest.models import (
 )
 from ingest.pricing import PriceBook
 
-RUN_FIGURES = [
-    "agent",
-    "task_type",
-    "backend",
-    "model",
-    "budgets",
-    "labels",
-    "status",
-    "terminated_by",
-    "budget_type",
-    "reason",
-    "started_at",
-    "finished_at",
-    "last_event_at",
+# What only run_started (agent ... labels) and run_finished (status ... finished_at) set: ingest
+# writes them, for the runs whose batch holds such an event (_describe_sql).
+STARTED_FIGURES = ("agent", "task_type", "backend", "model", "budgets", "labels")
+FINISHED_FIGURES = ("status", "terminated_by", "budget_type", "reason", "finished_at")
+DESCRIBED = (*STARTED_FIGURES, *FINISHED_FIGURES, "started_at")
+# What the detection pass counts, each event once (RunCursor.figures_seq; _PROGRESS_SQL).
+COUNTED_FIGURES = (
     "rounds",
     "tool_calls",
     "tool_errors",
     "input_tokens",
     "output_tokens",
     "cost_usd",
-    "events_count",
-    "unverified_from_seq",
-]
-# What only run_started (agent ... labels) and run_finished (status ... finished_at) set.
-STARTED_FIGURES = ("agent", "task_type", "backend", "model", "budgets", "labels")
-FINISHED_FIGURES = ("status", "terminated_by", "budget_type", "reason", "finished_at")
-# The figures every run of a batch gets, as arrays (_merge_sql), in this order after its pk.
-MERGED_FIGURES = tuple(name for name in RUN_FIGURES if name not in (*STARTED_FIGURES, *FINISHED_FIGURES))
+    "started_at",
+    "last_event_at",
+)
+# Every figure of a run that its events make: ingest's (the count, the description) and the pass's.
+RUN_FIGURES = (*STARTED_FIGURES, *FINISHED_FIGURES, *COUNTED_FIGURES, "events_count", "unverified_from_seq")
 
 
 def _insert_missing_sql(model: type[models.Model], template: models.Model, key: str, values: list) -> tuple:
@@ -72,13 +62,17 @@ def _insert_missing_sql(model: type[models.Model], template: models.Model, key: 
 
 
 @functools.cache
-def _take_sql() -> tuple[str, str, str]:
+def _take_sql() -> tuple[str, str, str, str]:
     """The statements that hold a batch's runs (ingestion._runs_take):
 
     - insert: the runs among these ids (a JSON array) that are not stored, RETURNING (id, run_id);
     - find: the (run_id, id) of runs of the tenant by their ids (a text[] literal);
-    - lock: the runs of these pks (a bigint[] literal) in pk order, with what numbering and pricing
-      need: (run_id, id, events_count, cost_usd, backend, model, tenant_id).
+    - lock: the runs of these pks (a bigint[] literal) in pk order: (run_id, id, events_count,
+      tenant_id);
+    - number: the same lock, and in the same statement each run's events_count raised by the
+      number of events the batch adds to it (pks and counts as two arrays, then whether the sender
+      lacks the ledger scope): (run_id, id, events_count before, tenant_id). A run that had no
+      event gets its detection cursor. The batch's first seq of a run is its count before + 1.
 
     None of them leaves the planner a choice that statistics can get wrong. The insert finds a run
     that exists by its ON CONFLICT arbiter, the (tenant_id, run_id) unique index, and the lock goes by
@@ -104,10 +98,38 @@ def _take_sql() -> tuple[str, str, str]:
     find = f"SELECT run_id, id FROM {table} WHERE tenant_id = {TENANT_PK} AND run_id = ANY(%s::text[])"
     # By pk alone (see above; tests: test_tenant_plans): the caller checks each row's tenant.
     lock = (
-        f"SELECT run_id, id, events_count, cost_usd, backend, model, tenant_id FROM {table} "
+        f"SELECT run_id, id, events_count, tenant_id FROM {table} "
         "WHERE id = ANY(%s::bigint[]) ORDER BY id FOR NO KEY UPDATE"
     )
-    return insert, find, lock
+    # The lock first, in pk order, in a WITH of its own: the UPDATE's join alone would lock the rows
+    # in whatever order its plan reads them. Nothing else of the run is written: its other figures
+    # are counted by the detection pass (the merge of twenty columns per run cost a batch of 1,000
+    # runs more than the rest of its statements; docs/performance.md).
+    cursor_fields = _cursor_fields()
+    cursor_columns = ", ".join(quote(db_column(f)) for f in cursor_fields)
+    number = (
+        f"WITH locked AS (SELECT id FROM {table} WHERE id = ANY(%s::bigint[]) ORDER BY id FOR NO KEY UPDATE), "
+        f"numbered AS (UPDATE {table} AS r SET events_count = r.events_count + v.k, "
+        "unverified_from_seq = CASE WHEN %s AND v.k > 0 THEN COALESCE(r.unverified_from_seq, r.events_count + 1) "
+        "ELSE r.unverified_from_seq END "
+        "FROM unnest(%s::bigint[], %s::integer[]) AS v(id, k) "
+        "WHERE r.id = v.id AND r.id IN (SELECT id FROM locked) "
+        "RETURNING r.run_id, r.id, r.events_count - v.k AS before, r.tenant_id), "
+        f"cursors AS (INSERT INTO {quote(RunCursor._meta.db_table)} ({cursor_columns}, run_id) "
+        f"SELECT {'%s, ' * len(cursor_fields)}id FROM numbered WHERE before = 0 ON CONFLICT DO NOTHING) "
+        "SELECT run_id, id, before, tenant_id FROM numbered ORDER BY id"
+    )
+    return insert, find, lock, number
+
+
+@functools.cache
+def _cursor_fields() -> tuple[models.Field, ...]:
+    """The columns a new detection cursor is inserted with (their defaults), beside its run_id."""
+    return tuple(
+        f
+        for f in RunCursor._meta.concrete_fields
+        if f.attname != "run_id" and f is not RunCursor._meta.auto_field
+    )
 
 
 def json_array(values: list) -> str:
@@ -132,39 +154,19 @@ def _take_fields() -> tuple[models.Field, ...]:
 
 
 @functools.cache
-def _merge_sql() -> str:
-    """The UPDATE that merges a batch's figures into the stored ones: one array per figure of
-    MERGED_FIGURES (pks first; unnest() pairs them up), and the description that run_started and
-    run_finished set as JSON objects, for the few runs whose batch holds one.
-
-    Arrays, not a JSON object per run: PostgreSQL reads 1,000 runs' arrays in half the time it
-    parsed their JSON (2.3 against 4.5 ms), and Python builds them in a fraction of the time it
-    built the objects."""
+def _describe_sql() -> str:
+    """The UPDATE that writes what a batch's run_started and run_finished describe, for the few runs
+    whose batch holds one: a JSON object per run, a field left out keeps its stored value;
+    started_at is the earliest run_started's ts (the detection pass keeps the earliest event's)."""
     quote = connection.ops.quote_name
     types = {f.attname: f.db_type(connection) for f in Run._meta.concrete_fields}
-    added = ("tool_calls", "tool_errors", "input_tokens", "output_tokens")
-    described = (*STARTED_FIGURES, *FINISHED_FIGURES)
-    merge = {
-        "events_count": "v.{0}",
-        "cost_usd": "v.{0}",
-        "rounds": "GREATEST(r.{0}, v.{0})",
-        "started_at": "LEAST(r.{0}, v.{0})",  # NULLs are ignored: a new run takes the batch's
-        "last_event_at": "GREATEST(r.{0}, v.{0})",
-        # The first seq a key without the ledger scope stored: the stored one when set.
-        "unverified_from_seq": "COALESCE(r.{0}, v.{0})",
-        **{name: "r.{0} + v.{0}" for name in added},
-        # Set only by run_started / run_finished: the stored value when the batch sends none.
-        **{name: "COALESCE(d.{0}, r.{0})" for name in described},
-    }
-    assert set(merge) == set(RUN_FIGURES)
-    assignments = ", ".join(f"{quote(name)} = " + merge[name].format(quote(name)) for name in RUN_FIGURES)
-    arrays = ", ".join(f"%s::{types[name]}[]" for name in ("id", *MERGED_FIGURES))
-    columns = ", ".join(quote(name) for name in ("id", *MERGED_FIGURES))
-    record = ", ".join(f"{quote(name)} {types[name]}" for name in ("id", *described))
+    merge = {name: "COALESCE(d.{0}, r.{0})" for name in DESCRIBED}
+    merge["started_at"] = "LEAST(r.{0}, d.{0})"  # NULLs are ignored
+    assignments = ", ".join(f"{quote(name)} = " + merge[name].format(quote(name)) for name in DESCRIBED)
+    record = ", ".join(f"{quote(name)} {types[name]}" for name in ("id", *DESCRIBED))
     return (
         f"UPDATE {quote(Run._meta.db_table)} AS r SET {assignments} "
-        f"FROM unnest({arrays}) AS v({columns}) "
-        f"LEFT JOIN json_to_recordset(%s::json) AS d({record}) ON d.id = v.id WHERE r.id = v.id"
+        f"FROM json_to_recordset(%s::json) AS d({record}) WHERE r.id = d.id"
     )
 
 
@@ -260,7 +262,7 @@ _LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', %s, true)"
 # subquery takes the rows the first statement locked), then the runs.
 # Runs quarantined and not yet due are left out (failures > 0 and retry_at after now).
 _CURSORS_LOCK_SQL = (
-    f"SELECT run_id, position, processed, engine_state FROM {RunCursor._meta.db_table} "
+    f"SELECT run_id, position, processed, figures_seq, engine_state FROM {RunCursor._meta.db_table} "
     "WHERE run_id = ANY(%s) AND (failures = 0 OR retry_at <= %s) ORDER BY run_id FOR UPDATE{skip}"
 )
 _EVENTS_AFTER_SQL = f"""
@@ -283,7 +285,9 @@ _RUNS_SQL = f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE i
 # PostgreSQL: the pass's run figures in one statement. The runs are locked in pk order
 # first, as ingest locks them (FOR NO KEY UPDATE: the pass's inserts hold KEY SHARE on them, which
 # that lock does not wait for), so a pass and a batch cannot deadlock. A figure absent from a run's
-# row keeps its stored value; first_loop_at and terminated_by are only set once.
+# row keeps its stored value; first_loop_at and terminated_by are only set once. The counted figures
+# (COUNTED_FIGURES) are the pass's events not counted before (RunCursor.figures_seq): added, or the
+# earliest / latest / greatest kept.
 _PROGRESS_SQL = f"""
 WITH locked AS (
     SELECT id FROM {Run._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE
@@ -301,11 +305,21 @@ UPDATE {Run._meta.db_table} AS r SET
     terminated_by = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
         THEN v.terminated_by ELSE r.terminated_by END,
     budget_type = CASE WHEN r.terminated_by = '' AND v.terminated_by <> ''
-        THEN v.budget_type ELSE r.budget_type END
+        THEN v.budget_type ELSE r.budget_type END,
+    rounds = GREATEST(r.rounds, COALESCE(v.rounds, 0)),
+    tool_calls = r.tool_calls + COALESCE(v.tool_calls, 0),
+    tool_errors = r.tool_errors + COALESCE(v.tool_errors, 0),
+    input_tokens = r.input_tokens + COALESCE(v.input_tokens, 0),
+    output_tokens = r.output_tokens + COALESCE(v.output_tokens, 0),
+    cost_usd = LEAST(r.cost_usd + COALESCE(v.cost_usd, 0), {MAX_TOTAL_USD}),
+    started_at = LEAST(r.started_at, v.started_at),
+    last_event_at = GREATEST(r.last_event_at, v.last_event_at)
 FROM jsonb_to_recordset(%s::jsonb) AS v(
     id bigint, last_progress_step integer, counted boolean, max_action text, loop_flagged boolean,
     first_loop_at timestamptz, first_loop_seq integer, cost_after_loop_usd double precision,
-    terminated_by text, budget_type text
+    terminated_by text, budget_type text, rounds integer, tool_calls integer, tool_errors integer,
+    input_tokens bigint, output_tokens bigint, cost_usd double precision, started_at timestamptz,
+    last_event_at timestamptz
 )
 WHERE r.id = v.id AND r.id IN (SELECT id FROM locked)
 """
@@ -317,6 +331,7 @@ WHERE r.id = v.id AND r.id IN (SELECT id FROM locked)
 _POSITIONS_SQL = f"""
 UPDATE {RunCursor._meta.db_table} AS c
 SET position = v.position, processed = v.processed, engine_state = v.engine_state, updated_at = %b,
+    figures_seq = GREATEST(c.figures_seq, v.position),
     failures = 0, error = '', failed_at = NULL, retry_at = NULL
 FROM unnest(%b::bigint[], %b::integer[], %b::integer[], %b::text[])
     AS v(run_id, position, processed, engine_state)

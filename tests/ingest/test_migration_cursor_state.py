@@ -61,7 +61,8 @@ def test_the_states_survive_the_migration_and_its_reverse(needs_postgres):
 
         _migrate(AFTER)
         assert _column() == ("text", "l" if _server_has_lz4() else "")
-        assert RunCursor.objects.get(run=run).engine_state == STATE
+        # Only the state: the model's later columns (0020 on) are not there yet.
+        assert RunCursor.objects.only("engine_state").get(run=run).engine_state == STATE
 
         RunCursor.objects.filter(run=run).update(engine_state={**STATE, "events": 8})
         _migrate(BEFORE)
