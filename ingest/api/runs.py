@@ -74,11 +74,22 @@ class RunOutputSerializer(serializers.Serializer):
     cost_usd = FiniteFloatField(allow_null=True)
     events_count = serializers.IntegerField()
     processed = serializers.SerializerMethodField()
+    counted = serializers.SerializerMethodField(
+        help_text=(
+            "The figures (rounds, calls, errors, tokens, cost, started_at, last_event_at) count the "
+            "events up to this seq: the detection pass counts them; ingest writes only events_count "
+            "and what run_started / run_finished describe."
+        )
+    )
     detection = serializers.SerializerMethodField()
 
     def get_processed(self, run) -> int:
         cursor = getattr(run, "cursor", None)
         return cursor.position if cursor else 0
+
+    def get_counted(self, run) -> int:
+        cursor = getattr(run, "cursor", None)
+        return cursor.figures_seq if cursor else 0
 
     @extend_schema_field(DetectionStateSerializer)
     def get_detection(self, run) -> dict:

@@ -143,3 +143,17 @@ def test_the_migration_starts_the_count_where_ingest_left_it(needs_postgres):
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+@pytest.mark.django_db
+def test_the_api_says_how_far_the_figures_count(api, tenant, make_key, prices):
+    key = make_key(tenant)
+    events_ingest(tenant=tenant, events=_events(), max_event_bytes=1 << 20)  # no pass yet
+    body = api.get("/api/v1/runs/r1", key).json()
+    assert (body["events_count"], body["processed"], body["counted"]) == (7, 0, 0)
+    assert (body["backend"], body["rounds"], body["tool_calls"]) == ("priced", 0, 0)
+
+    runs_process(run_pks=[Run.objects.get(tenant=tenant, run_id="r1").pk])
+    body = api.get("/api/v1/runs/r1", key).json()
+    assert (body["events_count"], body["processed"], body["counted"]) == (7, 7, 7)
+    assert (body["rounds"], body["tool_calls"], body["tool_errors"]) == (2, 2, 1)
