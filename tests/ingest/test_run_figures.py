@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from ingest.models import Backend, ModelPrice, Run, RunCursor, Tenant
+from ingest.models import Backend, Event, ModelPrice, Run, RunCursor, Tenant
 from ingest.services import events_ingest, run_reprocess, runs_process
 from tests.ingest.events import model_round, run_finished, run_started, tool_call, tool_result, with_ids
 from tests.ingest.test_poison import corrupt, plant
@@ -129,7 +129,18 @@ def test_the_migration_starts_the_count_where_ingest_left_it(needs_postgres):
     try:
         executor.migrate([("ingest", "0019_cursor_state_text")])
         tenant = Tenant.objects.create(slug="acme")
-        run = Run.objects.create(tenant=tenant, run_id="r1", events_count=5, tool_calls=2)
+        # Five calls stored and counted by ingest, three of them processed by detection.
+        run = Run.objects.create(tenant=tenant, run_id="r1", events_count=5, tool_calls=5)
+        for seq in range(1, 6):
+            body = tool_call("r1", f"c{seq}", n=seq, args={"n": seq})
+            Event.objects.create(
+                tenant=tenant,
+                run=run,
+                seq=seq,
+                type="tool_call",
+                ts=datetime.fromisoformat(body["ts"]),
+                body=body,
+            )
         with connection.cursor() as cursor:  # 0019's columns (the model has figures_seq now)
             cursor.execute(
                 "INSERT INTO ingest_runcursor (run_id, position, processed, updated_at, failures, error) "
@@ -140,6 +151,13 @@ def test_the_migration_starts_the_count_where_ingest_left_it(needs_postgres):
         executor.migrate([("ingest", "0020_cursor_figures_seq")])
         cursor = RunCursor.objects.get(run=run)
         assert (cursor.position, cursor.figures_seq) == (3, 5)
+
+        # The pass after the upgrade detects the two calls left and counts them not again.
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+        assert runs_process(run_pks=[run.pk]) == 2
+        run.refresh_from_db()
+        assert (run.tool_calls, RunCursor.objects.get(run=run).position) == (5, 5)
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
