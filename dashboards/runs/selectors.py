@@ -183,6 +183,7 @@ class Timeline:
     last: int  # last seq of the page
     total: int  # events of the run
     processed: int  # events detection has processed (the timeline shows those)
+    counted: int  # events the run's figures count (RunCursor.figures_seq)
     previous: int | None
     next: int | None
     page_size: int
@@ -260,13 +261,14 @@ def run_timeline(*, run: Run, config: Config, start: int = 1, size: int = TIMELI
         if item.signature:
             item.signature_count = counts[item.signature]
     total = run.events_count
-    processed = run.cursor.position if getattr(run, "cursor", None) else 0
+    cursor = getattr(run, "cursor", None)
     return Timeline(
         items=items,
         first=start,
         last=min(end, total),
         total=total,
-        processed=processed,
+        processed=cursor.position if cursor else 0,
+        counted=cursor.figures_seq if cursor else 0,
         previous=max(1, start - size) if start > 1 else None,
         next=end + 1 if end < total else None,
         page_size=size,

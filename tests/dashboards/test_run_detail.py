@@ -262,3 +262,12 @@ def test_events_detection_has_not_processed_yet_are_announced(client, tenant, ca
     assert (timeline.processed, timeline.total) == (4, 10)
     client.force_login(_user(tenant))
     assert "Detection has processed 4 of 10 events" in client.get(f"/runs/{run.pk}/").content.decode()
+
+
+def test_figures_not_counted_yet_are_announced(client, tenant, capture):
+    run = _ingest(tenant, _looping(), capture)
+    client.force_login(_user(tenant))
+    assert 'id="fig-counting"' not in client.get(f"/runs/{run.pk}/").content.decode()  # all counted
+    RunCursor.objects.filter(run=run).update(figures_seq=6)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "The figures count 6 of the 10 events" in page
