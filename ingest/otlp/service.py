@@ -16,11 +16,13 @@ from typing import Any
 
 import orjson
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, IntegerField, OuterRef, Q, Subquery
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce, Greatest
 from django.utils import timezone
 
 from ingest.bulk import TENANT_PK, statements_run
-from ingest.models import Event, ParkedSpan, Run, Tenant, ToolConfig
+from ingest.models import Event, ParkedSpan, Run, RunCursor, Tenant, ToolConfig
 from ingest.otlp.mapping import (
     LLM,
     Built,
@@ -207,7 +209,21 @@ def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: AbstractSet[str]) -
             ]
         )
     else:  # SQLite: its IMMEDIATE transactions already take turns
-        runs = Run.objects.filter(tenant=tenant, run_id__in=run_ids).values_list(*_RUN_COLUMNS)
+        uncounted = (
+            Event.objects.filter(
+                run_id=OuterRef("pk"),
+                type="model_round",
+                seq__gt=Coalesce(OuterRef("cursor__figures_seq"), 0),
+            )
+            .annotate(number=Cast(KT("body__round"), IntegerField()))
+            .order_by("-number")
+            .values("number")[:1]
+        )
+        runs = (
+            Run.objects.filter(tenant=tenant, run_id__in=run_ids)
+            .annotate(so_far=Greatest("rounds", Coalesce(Subquery(uncounted), 0)))
+            .values_list(*("so_far" if name == "rounds" else name for name in _RUN_COLUMNS))
+        )
         stored = Event.objects.filter(
             run__tenant=tenant, run__run_id__in=run_ids, event_id__in=[e for _, e in rounds]
         ).values_list("run__run_id", "event_id")
@@ -253,7 +269,18 @@ def _runs_read(tenant: Tenant, plans: list[SpanPlan], extra: AbstractSet[str]) -
 
 
 _RUN_COLUMNS = ("run_id", "agent", "backend", "model", "rounds", "labels", "started_at", "events_count")
-_RUNS_SQL = f"SELECT {', '.join(_RUN_COLUMNS)} FROM {Run._meta.db_table} WHERE tenant_id = {TENANT_PK} AND run_id = ANY(%s)"
+# A run's rounds so far: its rounds figure, which the detection pass counts, or the greatest round
+# of the model_round events stored since it last counted (the cursor's figures_seq on): an export
+# stored before the pass has seen the previous one still numbers its rounds after that one's. A
+# few events of the run, by its (run, seq) index.
+_RUNS_SQL = f"""
+SELECT r.run_id, r.agent, r.backend, r.model, GREATEST(r.rounds, COALESCE((
+    SELECT max((e.body->>'round')::integer) FROM {Event._meta.db_table} AS e
+    WHERE e.run_id = r.id AND e.seq > COALESCE(c.figures_seq, 0) AND e.type = 'model_round'
+), 0)), r.labels, r.started_at, r.events_count
+FROM {Run._meta.db_table} AS r LEFT JOIN {RunCursor._meta.db_table} AS c ON c.run_id = r.id
+WHERE r.tenant_id = {TENANT_PK} AND r.run_id = ANY(%s)
+"""
 # The export's model spans already stored, by the (run, event_id) index: one probe per span.
 _STORED_ROUNDS_SQL = f"""
 SELECT v.run_id, e.event_id FROM unnest(%s::text[], %s::text[]) AS v(run_id, event_id)

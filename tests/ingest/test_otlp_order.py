@@ -436,3 +436,24 @@ def test_a_trace_whose_spans_all_wait_leaves_no_empty_run(api, tenant, key):
     response = api.post(URL, request_bytes(list(memory.get_finished_spans())), key, content_type=PROTOBUF)
     assert response.status_code == 200
     assert not Run.objects.filter(tenant=tenant).exists()
+
+
+@pytest.mark.django_db
+def test_exports_stored_before_detection_runs_number_their_rounds_after_each_other(client, tenant, key):
+    """A run's rounds figure is counted by the detection pass: an export that comes before the pass
+    has seen the previous one numbers its rounds after the stored rounds all the same (unique
+    numbers: detection's round budgets count them as they arrive)."""
+    agent, memory = recorded()
+    shop(agent)
+    spans = list(memory.get_finished_spans())
+    chats = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
+    for chat in chats:  # one export each, in the order they ended; no pass in between
+        # (the test client outside django_capture_on_commit_callbacks: detection is not queued)
+        response = client.generic(
+            "POST", URL, request_bytes([chat]), content_type=PROTOBUF, HTTP_AUTHORIZATION=f"Bearer {key}"
+        )
+        assert response.status_code == 200
+    run = Run.objects.get(tenant=tenant)
+    assert run.rounds == 0  # nothing counted yet
+    stored = Event.objects.filter(run=run, type="model_round").order_by("seq")
+    assert [e.body["round"] for e in stored] == [1, 2, 3]
