@@ -38,6 +38,7 @@ from ingest.services.postgres import (
     _insert_missing_sql,
     _take_fields,
     _take_sql,
+    insert_defaults,
     json_array,
     text_array,
 )
@@ -395,8 +396,7 @@ def _runs_take_once(
             pks[run_id] = pk
     created: list[int] = []
     if unknown:
-        template = Run(tenant_id=tenant_pk)
-        defaults = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in _take_fields()]
+        defaults = insert_defaults(Run(tenant_id=tenant_pk), _take_fields())
         inserted, found = statements_run(
             [
                 (insert, [*defaults, orjson.dumps(unknown).decode()]),
@@ -432,8 +432,7 @@ def _runs_number(tenant_pk: int, counts: list[tuple[int, int]], ledger_scope: bo
     event gets its detection cursor."""
     counts = sorted(counts)
     pks = json_array([pk for pk, _ in counts])
-    template = RunCursor()
-    defaults = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in _cursor_fields()]
+    defaults = insert_defaults(RunCursor(), _cursor_fields())
     params = [pks, not ledger_scope, pks, json_array([k for _, k in counts]), *defaults]
     with connection.cursor() as cursor:
         cursor.execute(_take_sql()[3], params)

@@ -57,8 +57,13 @@ def _insert_missing_sql(model: type[models.Model], template: models.Model, key: 
         f"SELECT {'%s, ' * len(fields)}k FROM unnest(%s::{key_field.db_type(connection)}[]) AS u(k) "
         "ON CONFLICT DO NOTHING"
     )
-    params = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
-    return sql, [*params, values]
+    return sql, [*insert_defaults(template, fields), values]
+
+
+def insert_defaults(template: models.Model, fields) -> list:
+    """The values an INSERT of `template` gives these fields (their defaults, auto_now's time), as
+    the database takes them."""
+    return [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
 
 
 @functools.cache

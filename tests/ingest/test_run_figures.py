@@ -175,3 +175,20 @@ def test_the_api_says_how_far_the_figures_count(api, tenant, make_key, prices):
     body = api.get("/api/v1/runs/r1", key).json()
     assert (body["events_count"], body["processed"], body["counted"]) == (7, 7, 7)
     assert (body["rounds"], body["tool_calls"], body["tool_errors"]) == (2, 2, 1)
+
+
+@pytest.mark.django_db
+def test_a_run_whose_figures_cannot_be_counted_either_keeps_them_and_holds_up_no_other(tenant, caplog):
+    # A result stored without its status (no version accepted it): counting it raises too.
+    broken = [run_started("broken"), tool_call("broken", "c1", n=1), tool_result("broken", "c1", n=1)]
+    del broken[2]["status"]
+    (bad,) = plant(tenant, broken)
+    (good,) = plant(tenant, [run_started("good"), tool_call("good", "c1", n=1)])
+    runs_process(run_pks=[bad, good])
+
+    cursor = RunCursor.objects.get(run_id=bad)
+    assert (cursor.failures, cursor.position, cursor.figures_seq) == (1, 0, 0)
+    assert _figures(Run.objects.get(pk=bad))["tool_calls"] == 0
+    assert "its figures could not be counted either" in caplog.text
+    assert _figures(Run.objects.get(pk=good))["tool_calls"] == 1
+    assert RunCursor.objects.get(run_id=good).figures_seq == 2
